@@ -1,0 +1,35 @@
+"""Client-side message handlers any Flower ClientApp can register.
+
+Add our hooks to an existing ClientApp in a few lines::
+
+    from flwr.clientapp import ClientApp
+    from fedgsp_flwr.clients import ClientHooks, register_hooks
+
+    app = ClientApp()          # your app, with its own @app.train() / @app.evaluate()
+    register_hooks(app, ClientHooks(load_data=my_data, build_model=my_model))
+    # adds query.histogram, query.sketch and train.relay
+"""
+
+from .handlers import (
+    HANDLERS,
+    HOOK_HANDLERS,
+    ClientHooks,
+    TrainSettings,
+    make_evaluate_handler,
+    make_histogram_handler,
+    make_sketch_handler,
+    make_train_handler,
+    register_hooks,
+)
+
+__all__ = [
+    "HANDLERS",
+    "HOOK_HANDLERS",
+    "ClientHooks",
+    "TrainSettings",
+    "make_evaluate_handler",
+    "make_histogram_handler",
+    "make_sketch_handler",
+    "make_train_handler",
+    "register_hooks",
+]

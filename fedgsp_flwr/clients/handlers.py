@@ -1,0 +1,275 @@
+"""Message handlers that any Flower ClientApp can register.
+
+Message types and contents (record keys are constants of this module):
+
+``train`` / ``train.relay``
+    in: ``arrays`` (model), ``config`` (``lr``, ``local-epochs``, ``batch-size``,
+    ``momentum``, ``proximal-mu``, ``server-round``; relay hops add ``relay-group`` and
+    ``relay-hop``). out: ``arrays`` (trained model), ``metrics`` (``train-loss``,
+    ``num-examples``; relay hops echo ``relay-group`` and ``relay-hop``).
+``evaluate``
+    in: ``arrays``. out: ``metrics`` (``eval-loss``, ``eval-acc``, ``num-examples``).
+``query.histogram``
+    in: nothing. out: ``histogram`` (ArrayRecord with one int64 array of label counts),
+    ``metrics`` (``num-examples``).
+``query.sketch``
+    in: ``arrays`` (the anchor model). out: ``sketch`` (ArrayRecord with one float32
+    unit-norm vector), ``metrics`` (``num-examples``).
+
+A handler raises on bad input (no model in the message, arrays that do not fit the
+model); Flower turns the exception into an error reply that strategies skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ..config import RunConfig
+from ..data import ClientData
+from ..training import evaluate, normalized_gradient, train
+
+if TYPE_CHECKING:
+    import torch
+
+ARRAYS_KEY = "arrays"
+CONFIG_KEY = "config"
+METRICS_KEY = "metrics"
+HISTOGRAM_KEY = "histogram"
+SKETCH_KEY = "sketch"
+HANDLERS = ("train", "evaluate", "histogram", "sketch", "relay")
+HOOK_HANDLERS = ("histogram", "sketch", "relay")
+MESSAGE_TYPES = {
+    "train": ("train", "default"),
+    "evaluate": ("evaluate", "default"),
+    "histogram": ("query", "histogram"),
+    "sketch": ("query", "sketch"),
+    "relay": ("train", "relay"),
+}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local training hyper-parameters, read from a message's config.
+
+    Attributes
+    ----------
+    local_epochs, batch_size : int
+        Epochs and mini-batch size.
+    lr, momentum, proximal_mu : float
+        SGD learning rate and momentum; FedProx proximal weight.
+    """
+
+    local_epochs: int = RunConfig.local_epochs
+    lr: float = RunConfig.lr
+    batch_size: int = RunConfig.batch_size
+    momentum: float = RunConfig.momentum
+    proximal_mu: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: ConfigRecord, defaults: TrainSettings) -> TrainSettings:
+        """Take each setting from ``config`` if present, else from ``defaults``.
+
+        Raises
+        ------
+        ValueError
+            If a setting is out of range.
+        """
+        settings = cls(
+            local_epochs=int(config.get("local-epochs", defaults.local_epochs)),
+            lr=float(config.get("lr", defaults.lr)),
+            batch_size=int(config.get("batch-size", defaults.batch_size)),
+            momentum=float(config.get("momentum", defaults.momentum)),
+            proximal_mu=float(config.get("proximal-mu", defaults.proximal_mu)),
+        )
+        if settings.local_epochs < 1 or settings.batch_size < 1 or settings.lr <= 0:
+            raise ValueError(f"invalid training settings in the message config: {settings}")
+        return settings
+
+
+@dataclass(frozen=True)
+class ClientHooks:
+    """What the handlers need from a ClientApp: its data, its model, its defaults.
+
+    Attributes
+    ----------
+    load_data : Callable[[Context], ClientData]
+        Returns this node's data (called per message; cache inside it if it is slow).
+    build_model : Callable[[Context, ClientData], torch.nn.Module]
+        Returns a model whose ``state_dict`` keys and shapes match the server's arrays.
+    defaults : Callable[[Context], TrainSettings]
+        Training settings used where a message's config does not set them.
+    """
+
+    load_data: Callable[[Context], ClientData]
+    build_model: Callable[[Context, ClientData], torch.nn.Module]
+    defaults: Callable[[Context], TrainSettings] = lambda _context: TrainSettings()
+
+
+def register_hooks(
+    app: ClientApp, hooks: ClientHooks, handlers: Iterable[str] = HOOK_HANDLERS
+) -> ClientApp:
+    """Register our message handlers on a Flower ClientApp.
+
+    Parameters
+    ----------
+    app : ClientApp
+        A ClientApp built with the decorator API (``ClientApp()``, no ``client_fn``).
+    hooks : ClientHooks
+        The app's data and model providers.
+    handlers : Iterable[str] (default: ("histogram", "sketch", "relay"))
+        Which handlers to add, among :data:`HANDLERS`. The default adds the hooks our
+        strategies need beside an app's own ``train`` and ``evaluate``.
+
+    Returns
+    -------
+    ClientApp
+        The same app, for chaining.
+
+    Raises
+    ------
+    ValueError
+        On an unknown handler name, or one the app already registers.
+    """
+    factories: dict[str, Callable[[ClientHooks], Callable[[Message, Context], Message]]] = {
+        "train": make_train_handler,
+        "evaluate": make_evaluate_handler,
+        "histogram": make_histogram_handler,
+        "sketch": make_sketch_handler,
+        "relay": make_train_handler,
+    }
+    for name in handlers:
+        if name not in factories:
+            raise ValueError(f"Unknown handler '{name}'. Choose from {', '.join(HANDLERS)}.")
+        category, action = MESSAGE_TYPES[name]
+        decorator = getattr(app, category)(action) if action != "default" else getattr(
+            app, category)()
+        decorator(factories[name](hooks))
+    return app
+
+
+def _model_from_message(
+    message: Message, hooks: ClientHooks, context: Context, data: ClientData
+) -> torch.nn.Module:
+    """Build the app's model and load the message's arrays into it."""
+    if ARRAYS_KEY not in message.content.array_records:
+        raise ValueError(
+            f"message of type '{message.metadata.message_type}' carries no ArrayRecord "
+            f"'{ARRAYS_KEY}'"
+        )
+    model = hooks.build_model(context, data)
+    model.load_state_dict(message.content.array_records[ARRAYS_KEY].to_torch_state_dict())
+    return model
+
+
+def _message_config(message: Message) -> ConfigRecord:
+    records = message.content.config_records
+    return records[CONFIG_KEY] if CONFIG_KEY in records else ConfigRecord()
+
+
+def local_seed(context: Context, config: ConfigRecord) -> int:
+    """A training seed unique to (run seed, node, round, relay hop), stable across runs."""
+    parts = (
+        context.run_config.get("seed", 0),
+        context.node_config.get("partition-id", context.node_id),
+        config.get("server-round", 0),
+        config.get("relay-group", -1),
+        config.get("relay-hop", -1),
+    )
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+
+
+def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
+    """Return a handler for ``train`` and ``train.relay`` (one sequential hop).
+
+    A relay hop is a train message whose config also names the hop's ``relay-group``
+    and ``relay-hop``; both are echoed in the reply's metrics.
+    """
+
+    def handle(message: Message, context: Context) -> Message:
+        config = _message_config(message)
+        data = hooks.load_data(context)
+        model = _model_from_message(message, hooks, context, data)
+        settings = TrainSettings.from_config(config, hooks.defaults(context))
+        result = train(
+            model,
+            data.x_train,
+            data.y_train,
+            epochs=settings.local_epochs,
+            lr=settings.lr,
+            batch_size=settings.batch_size,
+            momentum=settings.momentum,
+            proximal_mu=settings.proximal_mu,
+            seed=local_seed(context, config),
+        )
+        metrics: dict[str, Any] = {
+            "train-loss": result.loss,
+            "num-examples": result.num_examples,
+        }
+        for key in ("relay-group", "relay-hop"):
+            if key in config:
+                metrics[key] = int(config[key])  # type: ignore[arg-type]
+        content = RecordDict(
+            {
+                ARRAYS_KEY: ArrayRecord(model.state_dict()),
+                METRICS_KEY: MetricRecord(metrics),
+            }
+        )
+        return Message(content=content, reply_to=message)
+
+    return handle
+
+
+def make_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
+    """Return a handler for ``evaluate``: the message's model on the node's test split."""
+
+    def handle(message: Message, context: Context) -> Message:
+        data = hooks.load_data(context)
+        model = _model_from_message(message, hooks, context, data)
+        loss, accuracy = evaluate(model, data.x_test, data.y_test)
+        metrics = MetricRecord(
+            {"eval-loss": loss, "eval-acc": accuracy, "num-examples": len(data.y_test)}
+        )
+        return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=message)
+
+    return handle
+
+
+def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
+    """Return a handler for ``query.histogram``: the node's train label counts."""
+
+    def handle(message: Message, context: Context) -> Message:
+        data = hooks.load_data(context)
+        hist = data.histogram()
+        content = RecordDict(
+            {
+                HISTOGRAM_KEY: ArrayRecord({HISTOGRAM_KEY: Array(hist)}),
+                METRICS_KEY: MetricRecord({"num-examples": int(hist.sum())}),
+            }
+        )
+        return Message(content=content, reply_to=message)
+
+    return handle
+
+
+def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
+    """Return a handler for ``query.sketch``: StoCFL's normalised anchor gradient."""
+
+    def handle(message: Message, context: Context) -> Message:
+        data = hooks.load_data(context)
+        model = _model_from_message(message, hooks, context, data)
+        sketch = normalized_gradient(model, data.x_train, data.y_train)
+        content = RecordDict(
+            {
+                SKETCH_KEY: ArrayRecord({SKETCH_KEY: Array(sketch)}),
+                METRICS_KEY: MetricRecord({"num-examples": len(data.y_train)}),
+            }
+        )
+        return Message(content=content, reply_to=message)
+
+    return handle

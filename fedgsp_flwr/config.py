@@ -1,0 +1,191 @@
+"""Typed, validated run configuration.
+
+Flower hands the ServerApp and the ClientApp the run config as a flat mapping with
+kebab-case keys (``num-server-rounds``, ``local-epochs``, ...). :class:`RunConfig` is the
+single place where those keys are declared, typed, range-checked and documented; the
+``[tool.flwr.app.config]`` table of ``pyproject.toml`` must declare the same keys with
+the same defaults (a test checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A run-config value is missing, of the wrong type, or out of range."""
+
+
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+def _non_negative(value: float) -> bool:
+    return value >= 0
+
+
+def _fraction(value: float) -> bool:
+    return 0.0 < value <= 1.0
+
+
+def _closed_fraction(value: float) -> bool:
+    return 0.0 <= value <= 1.0
+
+
+def _setting(
+    default: Any, help: str, check: Callable[[Any], bool] | None = None, rule: str = ""
+) -> Any:
+    """Declare one run-config field with its default, help text and range check."""
+    return field(default=default, metadata={"help": help, "check": check, "rule": rule})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The app's run configuration, one attribute per kebab-case run-config key.
+
+    Attribute ``local_epochs`` is run-config key ``local-epochs``, and so on. Build it
+    with :meth:`from_mapping`, which validates every value; unknown keys, wrong types
+    and out-of-range values raise :class:`ConfigError` naming the key.
+    """
+
+    num_server_rounds: int = _setting(5, "number of server rounds", _positive, "> 0")
+    strategy: str = _setting("fedavg", "strategy name (see fedgsp_flwr.strategies)")
+    dataset: str = _setting(
+        "mnist",
+        "mnist | fashion-mnist | hybrid | synthetic | a Hugging Face hub name (org/name)",
+    )
+    partition: str = _setting("iid", "partition scheme (see fedgsp_flwr.data.partition)")
+    partition_alpha: float = _setting(
+        0.5, "Dirichlet concentration of partition=dirichlet", _positive, "> 0"
+    )
+    classes_per_client: int = _setting(
+        2, "classes per client of partition=pathological", _positive, "> 0"
+    )
+    shards_per_client: int = _setting(
+        2, "shards per client of partition=shards", _positive, "> 0"
+    )
+    test_fraction: float = _setting(
+        0.2, "size of a client's test split relative to its train split", _fraction,
+        "in (0, 1]",
+    )
+    synthetic_alpha: float = _setting(
+        1.0, "model heterogeneity alpha of the Synthetic(alpha, beta) data", _non_negative,
+        ">= 0",
+    )
+    synthetic_beta: float = _setting(
+        1.0, "data heterogeneity beta of the Synthetic(alpha, beta) data", _non_negative,
+        ">= 0",
+    )
+    model: str = _setting("auto", "auto | mlp | cnn | logistic")
+    fraction_train: float = _setting(
+        1.0, "fraction of connected nodes sampled for training", _fraction, "in (0, 1]"
+    )
+    fraction_evaluate: float = _setting(
+        1.0, "fraction of connected nodes sampled for federated evaluation",
+        _closed_fraction, "in [0, 1]",
+    )
+    min_available_nodes: int = _setting(
+        2, "nodes to wait for before sampling", _positive, "> 0"
+    )
+    local_epochs: int = _setting(1, "local epochs per training message", _positive, "> 0")
+    lr: float = _setting(0.05, "client SGD learning rate", _positive, "> 0")
+    momentum: float = _setting(
+        0.0, "client SGD momentum", lambda v: 0.0 <= v < 1.0, "in [0, 1)"
+    )
+    batch_size: int = _setting(32, "client mini-batch size", _positive, "> 0")
+    proximal_mu: float = _setting(
+        0.01, "proximal term weight (used by strategy=fedprox)", _non_negative, ">= 0"
+    )
+    seed: int = _setting(42, "seed of data partitions, model init and sampling")
+    round_timeout: float = _setting(
+        3600.0, "seconds to wait for node replies in one round", _positive, "> 0"
+    )
+    data_dir: str = _setting(
+        "", "dataset cache directory ('' = $FEDGSP_DATA_DIR or ~/.cache/fedgsp-flwr)"
+    )
+    results_dir: str = _setting(
+        "results", "folder that receives one sub-folder of results per run"
+    )
+    run_name: str = _setting("", "results sub-folder name ('' = <strategy>-<time>)")
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """Return the run-config keys in declaration order."""
+        return [to_key(f.name) for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Return the default run config as a kebab-case mapping."""
+        return {to_key(f.name): f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_mapping(
+        cls, values: Mapping[str, Any], *, allow_unknown: bool = False
+    ) -> RunConfig:
+        """Validate a kebab-case mapping (e.g. ``context.run_config``).
+
+        Parameters
+        ----------
+        values : Mapping[str, Any]
+            Run-config values; missing keys take their defaults.
+        allow_unknown : bool (default: False)
+            Ignore keys this app does not declare (an app embedding ours may add its
+            own) instead of rejecting them.
+
+        Returns
+        -------
+        RunConfig
+            The validated configuration.
+
+        Raises
+        ------
+        ConfigError
+            On an unknown key, a value of the wrong type or out of range.
+        """
+        known = {to_key(f.name): f for f in dataclasses.fields(cls)}
+        unknown = [k for k in values if k not in known]
+        if unknown and not allow_unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, known, n=1)
+                hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise ConfigError(f"Unknown run-config key(s): {', '.join(hints)}")
+        kwargs = {}
+        for key, fld in known.items():
+            if key in values:
+                kwargs[fld.name] = _coerce(key, values[key], fld)
+        return cls(**kwargs)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Return the configuration as a kebab-case mapping (JSON-serialisable)."""
+        return {to_key(k): v for k, v in dataclasses.asdict(self).items()}
+
+
+def to_key(attribute: str) -> str:
+    """Map an attribute name to its kebab-case run-config key."""
+    return attribute.replace("_", "-")
+
+
+def _coerce(key: str, value: Any, fld: dataclasses.Field[Any]) -> Any:
+    """Type-check one value against its field and apply the field's range check."""
+    expected = fld.type if isinstance(fld.type, str) else fld.type.__name__
+    if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    python_type = {"int": int, "float": float, "str": str, "bool": bool}[expected]
+    if isinstance(value, bool) and python_type is not bool or not isinstance(
+        value, python_type
+    ):
+        raise ConfigError(
+            f"Run-config key '{key}' must be of type {expected}, "
+            f"got {value!r} ({type(value).__name__})"
+        )
+    check = fld.metadata.get("check")
+    if check is not None and not check(value):
+        raise ConfigError(
+            f"Run-config key '{key}' must be {fld.metadata['rule']}, got {value!r}"
+        )
+    return value

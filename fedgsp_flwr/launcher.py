@@ -1,0 +1,215 @@
+"""Run ``flwr run`` simulations from Python, one after another, and know how they ended.
+
+``flwr run`` auto-starts a local SuperLink that stays up after it exits, keeps the
+environment it was started with (runtime dependency installation on or off) and answers
+on a fixed port; ``flwr run --stream`` exits 0 even when the run failed.
+:class:`LocalSimulation` therefore runs every simulation against a SuperLink of its own
+(its own ``FLWR_HOME`` and port, dependency installation off), reads each run's final
+status with ``flwr ls``, and stops exactly the SuperLink it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUN_ID_PATTERN = re.compile(r"Successfully started run (\d+)")
+STATUS_COMPLETED = "finished:completed"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one ``flwr run`` ended.
+
+    Attributes
+    ----------
+    run_id : str | None
+        Flower's run id, ``None`` if the run never started.
+    status : str
+        Flower's final status (``finished:completed``, ``finished:failed``, ...), or
+        ``not-started`` / ``timeout``.
+    wall_time : float
+        Seconds from launch to exit.
+    log_path : Path
+        The streamed log of the run.
+    """
+
+    run_id: str | None
+    status: str
+    wall_time: float
+    log_path: Path
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run completed."""
+        return self.status == STATUS_COMPLETED
+
+
+def toml_value(value: Any) -> str:
+    """Render a run-config value as the TOML literal ``--run-config`` expects."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    raise TypeError(f"run-config values must be bool, int, float or str, got {value!r}")
+
+
+def config_string(values: Mapping[str, Any]) -> str:
+    """Render a mapping as ``key=value`` pairs for ``--run-config``."""
+    return " ".join(f"{key}={toml_value(value)}" for key, value in values.items())
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalSimulation:
+    """A private local SuperLink in simulation mode for sequential ``flwr run`` calls.
+
+    Parameters
+    ----------
+    app_dir : str | Path
+        The Flower app (folder with ``pyproject.toml``).
+    home : str | Path
+        ``FLWR_HOME`` of the private SuperLink (state, logs, installed apps).
+    port : int | None
+        Its HTTP port; a free one if ``None``.
+
+    Examples
+    --------
+    >>> with LocalSimulation(".", "/tmp/flwr-home") as sim:  # doctest: +SKIP
+    ...     outcome = sim.run({"num-server-rounds": 2}, num_supernodes=10,
+    ...                       log_path=Path("run.log"))
+    """
+
+    def __init__(self, app_dir: str | Path, home: str | Path, port: int | None = None) -> None:
+        self.app_dir = Path(app_dir).resolve()
+        self.home = Path(home).resolve()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        bin_dir = str(Path(sys.executable).parent)
+        self.env = {
+            **os.environ,
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "FLWR_HOME": str(self.home),
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_TELEMETRY_ENABLED": "0",
+        }
+        self.flwr = str(Path(bin_dir) / "flwr")
+
+    def __enter__(self) -> LocalSimulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(
+        self,
+        run_config: Mapping[str, Any],
+        *,
+        num_supernodes: int,
+        log_path: str | Path,
+        client_cpus: float = 1,
+        timeout: float = 3 * 3600,
+    ) -> RunOutcome:
+        """Run one simulation to its end and return how it ended.
+
+        Parameters
+        ----------
+        run_config : Mapping[str, Any]
+            Run-config overrides (keys declared by the app).
+        num_supernodes : int
+            Number of simulated SuperNodes.
+        log_path : str | Path
+            File that receives the streamed log.
+        client_cpus : float
+            CPUs reserved per ClientApp (1 lets two clients train at once on 2 cores).
+        timeout : float
+            Seconds before the run is stopped and reported as ``timeout``.
+
+        Returns
+        -------
+        RunOutcome
+            Run id, final status, wall time and log path.
+        """
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            self.flwr, "run", str(self.app_dir), "--stream",
+            "--run-config", config_string(run_config),
+            "--federation-config",
+            f"num-supernodes={num_supernodes} client-resources-num-cpus={client_cpus}",
+        ]
+        started = time.perf_counter()
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                    cwd=self.app_dir)
+            try:
+                proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                timed_out = True
+        match = RUN_ID_PATTERN.search(log_path.read_text(errors="replace"))
+        run_id = match.group(1) if match else None
+        if run_id is None:
+            status = "not-started"
+        elif timed_out:
+            self._flwr("stop", run_id)
+            status = "timeout"
+        else:
+            status = self.status(run_id)
+        return RunOutcome(run_id, status, time.perf_counter() - started, log_path)
+
+    def status(self, run_id: str) -> str:
+        """Return Flower's status of a run (``unknown`` if it cannot be read)."""
+        out = self._flwr("ls", "--run-id", run_id, "--format", "json")
+        try:
+            return str(json.loads(out)["runs"][0]["status"])
+        except (json.JSONDecodeError, KeyError, IndexError):
+            return "unknown"
+
+    def _flwr(self, *args: str) -> str:
+        result = subprocess.run([self.flwr, *args], capture_output=True, text=True,
+                                env=self.env, cwd=self.app_dir, timeout=120, check=False)
+        return result.stdout
+
+    def superlink_pids(self) -> list[int]:
+        """PIDs of the SuperLink serving this simulation's ``FLWR_HOME``."""
+        pattern = f"flower-superlink.*{re.escape(str(self.home))}"
+        out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True,
+                             check=False).stdout
+        return [int(pid) for pid in out.split()]
+
+    def close(self) -> None:
+        """Stop the SuperLink this simulation started (its SuperExec follows it)."""
+        for pid in self.superlink_pids():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)

@@ -1,0 +1,96 @@
+"""FedAvg and FedProx with per-reply validation and a per-round history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy import FedProx as FlowerFedProx
+
+from .replies import filter_replies
+
+
+class ValidatedAggregation:
+    """Mixin for Flower message-API strategies: validate each reply, keep a history.
+
+    Placed before a Flower strategy in the bases (``class S(ValidatedAggregation,
+    FedAvg)``), it drops unsound replies one by one (see
+    :func:`~fedgsp_flwr.strategies.replies.filter_replies`) before the strategy's own
+    aggregation runs, and records per round the aggregated client metrics, the number
+    of replies used and the rejected nodes in :attr:`history`.
+    """
+
+    weighted_by_key: str
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.history: dict[int, dict[str, Any]] = {}
+        self._sent_arrays: ArrayRecord | None = None
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Remember the arrays sent, to check the replies' shapes against them."""
+        self._sent_arrays = arrays
+        return super().configure_train(server_round, arrays, config, grid)  # type: ignore[misc]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate the sound training replies only."""
+        sound, rejected = filter_replies(
+            replies,
+            reference=self._sent_arrays,
+            weighted_by_key=self.weighted_by_key,
+            require_arrays=True,
+            stage="aggregate_train",
+        )
+        arrays, metrics = super().aggregate_train(server_round, sound)  # type: ignore[misc]
+        self._record(server_round, "train", metrics, len(sound), rejected)
+        return arrays, metrics
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Aggregate the sound evaluation replies only."""
+        sound, rejected = filter_replies(
+            replies,
+            reference=None,
+            weighted_by_key=self.weighted_by_key,
+            require_arrays=False,
+            stage="aggregate_evaluate",
+        )
+        metrics = super().aggregate_evaluate(server_round, sound)  # type: ignore[misc]
+        self._record(server_round, "evaluate", metrics, len(sound), rejected)
+        return metrics
+
+    def _record(
+        self,
+        server_round: int,
+        stage: str,
+        metrics: MetricRecord | None,
+        num_sound: int,
+        rejected: dict[int, str],
+    ) -> None:
+        entry = self.history.setdefault(server_round, {})
+        entry.update({f"{stage}-{k}": v for k, v in (metrics or {}).items()})
+        entry[f"{stage}-replies"] = num_sound
+        entry[f"{stage}-rejected"] = len(rejected)
+
+
+class FedAvg(ValidatedAggregation, FlowerFedAvg):
+    """Flower's FedAvg with per-reply validation (see :class:`ValidatedAggregation`).
+
+    Takes the parameters of :class:`flwr.serverapp.strategy.FedAvg`.
+    """
+
+
+class FedProx(ValidatedAggregation, FlowerFedProx):
+    """Flower's FedProx with per-reply validation (see :class:`ValidatedAggregation`).
+
+    Takes the parameters of :class:`flwr.serverapp.strategy.FedProx`; clients add
+    ``proximal-mu``/2 ||w - w_global||^2 to their loss.
+    """

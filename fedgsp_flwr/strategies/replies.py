@@ -1,0 +1,151 @@
+"""Reply validation: a bad client reply never reaches an aggregate.
+
+Flower's own strategies validate replies as a batch and give up on the whole round when
+one reply is inconsistent. Here every reply is checked on its own; a bad one is dropped
+with one logged reason naming its node, and the others are aggregated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from logging import WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, Message
+from flwr.common.logger import log
+
+
+def reply_problem(
+    reply: Message,
+    *,
+    reference: ArrayRecord | None,
+    weighted_by_key: str,
+    require_arrays: bool,
+) -> str | None:
+    """Return why a reply must not be aggregated, or ``None`` if it is sound.
+
+    Parameters
+    ----------
+    reply : Message
+        A reply from a node.
+    reference : ArrayRecord | None
+        The arrays that were sent; a returned ArrayRecord must match their keys,
+        shapes and dtypes. ``None`` skips that comparison.
+    weighted_by_key : str
+        Metric that weights the reply (e.g. ``num-examples``): must be a finite
+        number > 0.
+    require_arrays : bool
+        Whether the reply must carry exactly one ArrayRecord (training replies).
+
+    Returns
+    -------
+    str | None
+        A human-readable reason, or ``None``.
+    """
+    if reply.has_error():
+        return f"error reply: {reply.error.reason}"
+    content = reply.content
+    if len(content.metric_records) != 1:
+        return f"expected one MetricRecord, got {len(content.metric_records)}"
+    metrics = next(iter(content.metric_records.values()))
+    weight = metrics.get(weighted_by_key)
+    if weight is None:
+        return f"metric '{weighted_by_key}' is missing"
+    if isinstance(weight, list) or not math.isfinite(weight) or weight <= 0:
+        return f"metric '{weighted_by_key}' must be a finite number > 0, got {weight!r}"
+    for key, value in metrics.items():
+        values = value if isinstance(value, list) else [value]
+        if not all(math.isfinite(v) for v in values):
+            return f"metric '{key}' is not finite: {value!r}"
+    if require_arrays:
+        if len(content.array_records) != 1:
+            return f"expected one ArrayRecord, got {len(content.array_records)}"
+        problem = arrays_problem(next(iter(content.array_records.values())), reference)
+        if problem:
+            return problem
+    return None
+
+
+def arrays_problem(arrays: ArrayRecord, reference: ArrayRecord | None) -> str | None:
+    """Return why ``arrays`` cannot be averaged with ``reference``, or ``None``."""
+    if reference is not None and list(arrays.keys()) != list(reference.keys()):
+        return (
+            f"array keys {list(arrays.keys())[:5]} differ from the model's "
+            f"{list(reference.keys())[:5]}"
+        )
+    for key, array in arrays.items():
+        if reference is not None:
+            ref = reference[key]
+            if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:
+                return (
+                    f"array '{key}' is {array.dtype}{list(array.shape)}, "
+                    f"expected {ref.dtype}{list(ref.shape)}"
+                )
+        values = array.numpy()
+        if values.dtype.kind in "fc" and not np.isfinite(values).all():
+            return f"array '{key}' has NaN or inf values"
+    return None
+
+
+def filter_replies(
+    replies: Iterable[Message],
+    *,
+    reference: ArrayRecord | None,
+    weighted_by_key: str,
+    require_arrays: bool,
+    stage: str,
+) -> tuple[list[Message], dict[int, str]]:
+    """Keep the sound replies; log and return the reason for every other one.
+
+    Replies whose metric names differ from the majority's are rejected too, so that
+    metric averages are taken over the same keys.
+
+    Parameters
+    ----------
+    replies : Iterable[Message]
+        Replies of one round.
+    reference : ArrayRecord | None
+        The arrays that were sent (see :func:`reply_problem`).
+    weighted_by_key : str
+        The weighting metric.
+    require_arrays : bool
+        Whether replies must carry arrays.
+    stage : str
+        Name used in log lines (e.g. ``"train"``).
+
+    Returns
+    -------
+    tuple[list[Message], dict[int, str]]
+        The sound replies, and the rejected ones' reasons by source node id.
+    """
+    sound: list[Message] = []
+    rejected: dict[int, str] = {}
+    for reply in replies:
+        problem = reply_problem(
+            reply,
+            reference=reference,
+            weighted_by_key=weighted_by_key,
+            require_arrays=require_arrays,
+        )
+        if problem is None:
+            sound.append(reply)
+        else:
+            rejected[reply.metadata.src_node_id] = problem
+    if sound:
+        key_sets = [frozenset(next(iter(r.content.metric_records.values())).keys())
+                    for r in sound]
+        majority = Counter(key_sets).most_common(1)[0][0]
+        kept = []
+        for reply, keys in zip(sound, key_sets, strict=True):
+            if keys == majority:
+                kept.append(reply)
+            else:
+                rejected[reply.metadata.src_node_id] = (
+                    f"metric names {sorted(keys)} differ from the others' {sorted(majority)}"
+                )
+        sound = kept
+    for node_id, reason in rejected.items():
+        log(WARNING, "%s: rejected reply from node %d: %s", stage, node_id, reason)
+    return sound, rejected

@@ -1,0 +1,170 @@
+"""Plain torch train / evaluate / gradient loops, deterministic given a seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Summary of one local training call.
+
+    Attributes
+    ----------
+    loss : float
+        Mean training loss over the last epoch (without the proximal term).
+    num_examples : int
+        Number of training examples (the aggregation weight).
+    steps : int
+        Number of optimiser steps taken.
+    """
+
+    loss: float
+    num_examples: int
+    steps: int
+
+
+def train(
+    model: torch.nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    momentum: float = 0.0,
+    proximal_mu: float = 0.0,
+) -> TrainResult:
+    """Train ``model`` in place with mini-batch SGD.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Model to train, modified in place.
+    x, y : np.ndarray
+        Training features and integer labels.
+    epochs : int
+        Number of passes over the data.
+    lr : float
+        Learning rate.
+    batch_size : int
+        Mini-batch size (``len(x)`` or more is full-batch gradient descent).
+    seed : int
+        Seed of the shuffling order.
+    momentum : float
+        SGD momentum.
+    proximal_mu : float
+        Weight mu of the proximal term mu/2 ||w - w_start||^2 (FedProx); 0 disables it.
+
+    Returns
+    -------
+    TrainResult
+        Last-epoch mean loss, number of examples and steps.
+
+    Raises
+    ------
+    ValueError
+        If there is no training data.
+    """
+    import torch
+    from torch import nn
+
+    if len(y) == 0:
+        raise ValueError("cannot train on an empty dataset")
+    x_t, y_t = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)
+    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    criterion = nn.CrossEntropyLoss()
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    steps, epoch_loss = 0, 0.0
+    for _ in range(epochs):
+        order = torch.randperm(len(y_t), generator=generator)
+        total = 0.0
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            optimizer.zero_grad()
+            loss = criterion(model(x_t[batch]), y_t[batch])
+            total += loss.item() * len(batch)
+            if anchor:
+                loss = loss + proximal_mu / 2 * sum(
+                    (p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor, strict=True)
+                )
+            loss.backward()
+            optimizer.step()
+            steps += 1
+        epoch_loss = total / len(y_t)
+    return TrainResult(loss=epoch_loss, num_examples=len(y_t), steps=steps)
+
+
+def evaluate(
+    model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
+) -> tuple[float, float]:
+    """Return the mean cross-entropy loss and the accuracy of ``model`` on (x, y).
+
+    Raises
+    ------
+    ValueError
+        If there is no evaluation data.
+    """
+    import torch
+    from torch import nn
+
+    if len(y) == 0:
+        raise ValueError("cannot evaluate on an empty dataset")
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    model.eval()
+    loss, correct = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            xb = torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size]))
+            yb = torch.from_numpy(y[start : start + batch_size])
+            logits = model(xb)
+            loss += criterion(logits, yb).item()
+            correct += int((logits.argmax(1) == yb).sum())
+    return loss / len(y), correct / len(y)
+
+
+def normalized_gradient(
+    model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
+) -> np.ndarray:
+    """Unit-norm gradient of the mean loss over all of (x, y) w.r.t. the parameters.
+
+    This is StoCFL's distribution sketch Psi(D) = normalize(d loss(psi; D) / d psi) for
+    the anchor model ``psi``; batches only bound memory, the result is the full-batch
+    gradient.
+
+    Returns
+    -------
+    np.ndarray
+        Flat float32 vector of unit L2 norm.
+
+    Raises
+    ------
+    ValueError
+        If there is no data, or the gradient is zero or not finite.
+    """
+    import torch
+    from torch import nn
+
+    if len(y) == 0:
+        raise ValueError("cannot compute a gradient on an empty dataset")
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    model.eval()
+    model.zero_grad()
+    for start in range(0, len(y), batch_size):
+        xb = torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size]))
+        yb = torch.from_numpy(y[start : start + batch_size])
+        (criterion(model(xb), yb) / len(y)).backward()
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double().numpy()
+    norm = float(np.linalg.norm(flat))
+    if not np.isfinite(norm) or norm == 0.0:
+        raise ValueError(f"gradient norm is {norm}; cannot normalise the sketch")
+    return (flat / norm).astype(np.float32)

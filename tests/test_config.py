@@ -1,0 +1,62 @@
+"""Run-config validation, and agreement with pyproject.toml's declared defaults."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedgsp_flwr.config import ConfigError, RunConfig
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def test_pyproject_declares_every_key_with_the_same_default() -> None:
+    declared = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    assert declared == RunConfig.defaults()
+
+
+def test_defaults_round_trip() -> None:
+    cfg = RunConfig.from_mapping(RunConfig.defaults())
+    assert cfg == RunConfig()
+    assert cfg.to_mapping() == RunConfig.defaults()
+
+
+def test_values_are_typed_and_int_is_accepted_for_float() -> None:
+    cfg = RunConfig.from_mapping({"lr": 1, "local-epochs": 3, "strategy": "fedprox"})
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    assert cfg.local_epochs == 3 and cfg.strategy == "fedprox"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("num-server-rounds", 0, "must be > 0"),
+        ("num-server-rounds", 2.5, "must be of type int"),
+        ("num-server-rounds", True, "must be of type int"),
+        ("lr", -0.1, "must be > 0"),
+        ("lr", "fast", "must be of type float"),
+        ("fraction-train", 0.0, "in (0, 1]"),
+        ("fraction-train", 1.5, "in (0, 1]"),
+        ("fraction-evaluate", -0.1, "in [0, 1]"),
+        ("momentum", 1.0, "in [0, 1)"),
+        ("test-fraction", 0.0, "in (0, 1]"),
+        ("dataset", 3, "must be of type str"),
+    ],
+)
+def test_bad_values_name_the_key(key: str, value: object, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_mapping({key: value})
+    assert f"'{key}'" in str(err.value)
+    assert fragment in str(err.value)
+
+
+def test_unknown_key_is_rejected_with_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'local-epochs'"):
+        RunConfig.from_mapping({"local-epoch": 2})
+
+
+def test_unknown_keys_of_an_embedding_app_can_be_ignored() -> None:
+    cfg = RunConfig.from_mapping({"their-own-key": 1, "lr": 0.5}, allow_unknown=True)
+    assert cfg.lr == 0.5

@@ -1,0 +1,133 @@
+"""Client handlers, called through a real Flower ClientApp."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedgsp_flwr.clients import HANDLERS, ClientHooks, register_hooks
+from fedgsp_flwr.data import ClientData
+from fedgsp_flwr.models import build_model
+from helpers import arrays_of, instruction, make_context, vector_data
+
+DATA = {0: vector_data(seed=0), 1: vector_data(n=80, seed=1)}
+
+
+def model_for(_context: object, data: ClientData) -> object:
+    return build_model("logistic", data.x_train.shape[1:], data.num_classes, seed=0)
+
+
+HOOKS = ClientHooks(
+    load_data=lambda context: DATA[int(context.node_config["partition-id"])],
+    build_model=model_for,
+)
+
+
+@pytest.fixture
+def app() -> ClientApp:
+    return register_hooks(ClientApp(), HOOKS, handlers=HANDLERS)
+
+
+def global_arrays() -> ArrayRecord:
+    return arrays_of(model_for(None, DATA[0]))
+
+
+def test_histogram_equals_the_partitions_label_counts(app: ClientApp) -> None:
+    for pid, data in DATA.items():
+        reply = app(instruction(RecordDict(), "query.histogram"), make_context(pid))
+        hist = reply.content.array_records["histogram"]["histogram"].numpy()
+        np.testing.assert_array_equal(hist, np.bincount(data.y_train, minlength=3))
+        assert reply.content["metrics"]["num-examples"] == len(data.y_train)
+
+
+def test_sketch_is_a_unit_vector_and_repeatable(app: ClientApp) -> None:
+    def sketch(pid: int) -> np.ndarray:
+        msg = instruction(RecordDict({"arrays": global_arrays()}), "query.sketch")
+        return app(msg, make_context(pid)).content["sketch"]["sketch"].numpy()
+
+    first = sketch(0)
+    assert first.shape == (5 * 3 + 3,)
+    assert np.linalg.norm(first) == pytest.approx(1.0, abs=1e-5)
+    np.testing.assert_array_equal(first, sketch(0))
+    assert not np.allclose(first, sketch(1)), "different data gave the same sketch"
+
+
+def test_sketch_is_the_normalised_full_batch_gradient(app: ClientApp) -> None:
+    import torch
+
+    model = model_for(None, DATA[0])
+    loss = torch.nn.functional.cross_entropy(
+        model(torch.from_numpy(DATA[0].x_train)), torch.from_numpy(DATA[0].y_train))
+    loss.backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+    msg = instruction(RecordDict({"arrays": global_arrays()}), "query.sketch")
+    got = app(msg, make_context(0)).content["sketch"]["sketch"].numpy()
+    np.testing.assert_allclose(got, grad / np.linalg.norm(grad), atol=1e-5)
+
+
+def test_train_returns_a_trained_model_with_its_weight(app: ClientApp) -> None:
+    content = RecordDict({"arrays": global_arrays(),
+                          "config": ConfigRecord({"lr": 0.5, "local-epochs": 3})})
+    reply = app(instruction(content, "train"), make_context(1))
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == 80
+    trained = reply.content["arrays"]
+    assert list(trained.keys()) == list(global_arrays().keys())
+    assert not np.allclose(trained["1.weight"].numpy(), global_arrays()["1.weight"].numpy())
+    # the trained model is better on the node's data than the one it received
+    from fedgsp_flwr.training import evaluate
+
+    before, after = model_for(None, DATA[1]), model_for(None, DATA[1])
+    after.load_state_dict(trained.to_torch_state_dict())
+    assert evaluate(after, DATA[1].x_train, DATA[1].y_train)[0] < evaluate(
+        before, DATA[1].x_train, DATA[1].y_train)[0]
+
+
+def test_relay_hop_echoes_its_position_and_is_deterministic(app: ClientApp) -> None:
+    def hop() -> RecordDict:
+        config = ConfigRecord({"relay-group": 4, "relay-hop": 2, "server-round": 3})
+        msg = instruction(RecordDict({"arrays": global_arrays(), "config": config}),
+                          "train.relay")
+        return app(msg, make_context(0, seed=7)).content
+
+    first, second = hop(), hop()
+    assert first["metrics"]["relay-group"] == 4 and first["metrics"]["relay-hop"] == 2
+    np.testing.assert_array_equal(first["arrays"]["1.weight"].numpy(),
+                                  second["arrays"]["1.weight"].numpy())
+
+
+def test_evaluate_reports_loss_accuracy_and_test_size(app: ClientApp) -> None:
+    reply = app(instruction(RecordDict({"arrays": global_arrays()}), "evaluate"),
+                make_context(0))
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == len(DATA[0].y_test)
+    assert 0.0 <= metrics["eval-acc"] <= 1.0 and metrics["eval-loss"] > 0
+
+
+def test_a_message_without_a_model_is_refused(app: ClientApp) -> None:
+    with pytest.raises(ValueError, match="carries no ArrayRecord 'arrays'"):
+        app(instruction(RecordDict(), "train"), make_context(0))
+
+
+def test_arrays_of_another_model_are_refused(app: ClientApp) -> None:
+    wrong = arrays_of(build_model("logistic", (7,), 3, seed=0))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        app(instruction(RecordDict({"arrays": wrong}), "train"), make_context(0))
+
+
+def test_hooks_join_an_existing_app_without_touching_its_handlers() -> None:
+    app = ClientApp()
+
+    @app.train()
+    def own_train(message, context):  # noqa: ANN001, ANN202 - the app's own handler
+        raise AssertionError("not called here")
+
+    register_hooks(app, HOOKS)
+    reply = app(instruction(RecordDict(), "query.histogram"), make_context(0))
+    assert reply.content.array_records["histogram"]["histogram"].numpy().sum() == 60
+    with pytest.raises(ValueError, match="already registered"):
+        register_hooks(app, HOOKS, handlers=["train"])
+    with pytest.raises(ValueError, match="Unknown handler 'gradient'"):
+        register_hooks(ClientApp(), HOOKS, handlers=["gradient"])

@@ -1,0 +1,87 @@
+"""Training loops: determinism, learning, the proximal term; model shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedgsp_flwr.models import build_model, resolve_model_name
+from fedgsp_flwr.training import evaluate, train
+from helpers import vector_data
+
+DATA = vector_data(n=200)
+
+
+def flat(model: torch.nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def fit(seed: int, **kwargs: object) -> torch.nn.Module:
+    model = build_model("logistic", (5,), 3, seed=0)
+    settings = {"epochs": 2, "lr": 0.1, "batch_size": 16, **kwargs}
+    train(model, DATA.x_train, DATA.y_train, seed=seed, **settings)
+    return model
+
+
+def test_same_seed_same_model_and_other_seed_other_model() -> None:
+    np.testing.assert_array_equal(flat(fit(1)), flat(fit(1)))
+    assert not np.allclose(flat(fit(1)), flat(fit(2)))
+
+
+def test_training_lowers_the_loss() -> None:
+    before = evaluate(build_model("logistic", (5,), 3, seed=0), DATA.x_test, DATA.y_test)
+    after = evaluate(fit(0, epochs=5), DATA.x_test, DATA.y_test)
+    assert after[0] < before[0] and after[1] > 0.8
+
+
+def test_proximal_term_keeps_the_model_near_its_start() -> None:
+    start = flat(build_model("logistic", (5,), 3, seed=0))
+    free = np.linalg.norm(flat(fit(0)) - start)
+    held = np.linalg.norm(flat(fit(0, proximal_mu=5.0)) - start)
+    assert held < 0.5 * free
+
+
+def test_full_batch_gradient_step_matches_the_formula() -> None:
+    model = build_model("logistic", (5,), 3, seed=0)
+    reference = build_model("logistic", (5,), 3, seed=0)
+    loss = torch.nn.functional.cross_entropy(
+        reference(torch.from_numpy(DATA.x_train)), torch.from_numpy(DATA.y_train))
+    loss.backward()
+    expected = flat(reference) - 0.3 * torch.cat(
+        [p.grad.reshape(-1) for p in reference.parameters()]).numpy()
+    result = train(model, DATA.x_train, DATA.y_train, epochs=1, lr=0.3,
+                   batch_size=len(DATA.y_train), seed=0)
+    assert result.steps == 1 and result.num_examples == 200
+    np.testing.assert_allclose(flat(model), expected, atol=1e-6)
+
+
+def test_empty_data_is_refused() -> None:
+    model = build_model("logistic", (5,), 3)
+    with pytest.raises(ValueError, match="empty"):
+        train(model, DATA.x_train[:0], DATA.y_train[:0], epochs=1, lr=0.1, batch_size=4, seed=0)
+    with pytest.raises(ValueError, match="empty"):
+        evaluate(model, DATA.x_test[:0], DATA.y_test[:0])
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "params"),
+    [("mlp", (1, 28, 28), 784 * 2048 + 2048 + 2048 * 10 + 10),
+     ("cnn", (1, 28, 28), None), ("logistic", (60,), 610)],
+)
+def test_models_have_the_papers_shapes(name: str, shape: tuple, params: int | None) -> None:
+    model = build_model(name, shape, 10, seed=0)
+    out = model(torch.zeros((2, *shape)))
+    assert out.shape == (2, 10)
+    if params is not None:
+        assert sum(p.numel() for p in model.parameters()) == params
+    np.testing.assert_array_equal(flat(model), flat(build_model(name, shape, 10, seed=0)))
+
+
+def test_model_names_resolve_and_fail_clearly() -> None:
+    assert resolve_model_name("auto", (1, 28, 28)) == "cnn"
+    assert resolve_model_name("auto", (60,)) == "logistic"
+    with pytest.raises(ValueError, match="Unknown model 'resnet'"):
+        resolve_model_name("resnet", (60,))
+    with pytest.raises(ValueError, match="needs \\(C, H, W\\) images"):
+        resolve_model_name("cnn", (60,))
