@@ -160,6 +160,32 @@ class RunConfig:
                 kwargs[fld.name] = _coerce(key, values[key], fld)
         return cls(**kwargs)
 
+    def check_names(self) -> None:
+        """Check the names of the strategy, dataset, partition scheme and model.
+
+        Raises
+        ------
+        ConfigError
+            Naming the key, the bad value and the choices.
+        """
+        from .data import LOCAL_DATASETS, SCHEMES
+        from .models import MODELS
+        from .strategies import STRATEGIES
+
+        choices = {"strategy": STRATEGIES, "partition": SCHEMES, "model": MODELS}
+        for key, allowed in choices.items():
+            value = getattr(self, key)
+            if value not in allowed:
+                raise ConfigError(
+                    f"Run-config key '{key}' must be one of {', '.join(allowed)}, "
+                    f"got {value!r}"
+                )
+        if self.dataset not in LOCAL_DATASETS and "/" not in self.dataset:
+            raise ConfigError(
+                f"Run-config key 'dataset' must be one of {', '.join(LOCAL_DATASETS)} or "
+                f"a Hugging Face hub name (org/name), got {self.dataset!r}"
+            )
+
     def to_mapping(self) -> dict[str, Any]:
         """Return the configuration as a kebab-case mapping (JSON-serialisable)."""
         return {to_key(k): v for k, v in dataclasses.asdict(self).items()}

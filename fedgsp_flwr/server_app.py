@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
 from .config import RunConfig
-from .data import bundle_for, load_server_test_set
+from .data import bundle_for, load_partitions, load_server_test_set
 from .models import build_model, resolve_model_name
 from .results import RunRecorder
 from .strategies import build_strategy
@@ -137,10 +137,16 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     import flwr
     import torch
 
+    cfg.check_names()  # fail fast, before waiting for nodes or loading data
     seed_everything(cfg.seed)
-    strategy = build_strategy(cfg)  # fails fast on a bad name, before any data work
+    strategy = build_strategy(cfg)
     num_nodes = wait_for_nodes(grid, cfg.min_available_nodes)
     bundle = bundle_for(cfg, num_nodes)
+    # Partitioning here validates the scheme against the dataset before any round, and
+    # fills the on-disk partition cache that the nodes of this machine then read.
+    sizes = [len(p.train_idx) for p in load_partitions(cfg, num_nodes)]
+    log(INFO, "%s over %d partitions: %d to %d training examples each",
+        cfg.partition, num_nodes, min(sizes), max(sizes))
     model_name = resolve_model_name(cfg.model, bundle.input_shape)
     model = build_model(model_name, bundle.input_shape, bundle.num_classes, cfg.seed)
     folder = results_folder(cfg)

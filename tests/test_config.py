@@ -60,3 +60,18 @@ def test_unknown_key_is_rejected_with_a_suggestion() -> None:
 def test_unknown_keys_of_an_embedding_app_can_be_ignored() -> None:
     cfg = RunConfig.from_mapping({"their-own-key": 1, "lr": 0.5}, allow_unknown=True)
     assert cfg.lr == 0.5
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("strategy", "fedsgd"), ("partition", "zipf"), ("model", "resnet"), ("dataset", "cifar")],
+)
+def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> None:
+    cfg = RunConfig.from_mapping({key: value})
+    with pytest.raises(ConfigError, match=f"'{key}' must be one of .*got '{value}'"):
+        cfg.check_names()
+
+
+def test_default_and_hub_names_pass() -> None:
+    RunConfig().check_names()
+    RunConfig.from_mapping({"dataset": "ylecun/mnist", "strategy": "fedprox"}).check_names()

@@ -76,7 +76,9 @@ class ValidatedAggregation:
         rejected: dict[int, str],
     ) -> None:
         entry = self.history.setdefault(server_round, {})
-        entry.update({f"{stage}-{k}": v for k, v in (metrics or {}).items()})
+        for key, value in (metrics or {}).items():
+            named = key.startswith(("train-", "eval-"))
+            entry[key if named else f"{stage}-{key}"] = value
         entry[f"{stage}-replies"] = num_sound
         entry[f"{stage}-rejected"] = len(rejected)
 

@@ -1,0 +1,291 @@
+"""Experiment runner: ``python simulation.py experiments/<name>.toml``.
+
+Runs every (strategy, seed) of an experiment file through Flower's simulation engine
+(one ``flwr run`` per run, against a private local SuperLink), then writes a comparison
+plot and a summary table. Runs whose results folder is already complete are skipped,
+so an interrupted experiment resumes where it stopped.
+
+Experiment file::
+
+    name = "fedavg-vs-fedprox"      # results go to <results>/<name>/
+    num-supernodes = 10
+    seeds = [0, 1, 2]
+    target-accuracy = 0.9           # optional: report rounds to reach it
+    timeout = 7200                  # optional: seconds per run
+
+    [run-config]                    # shared by every run (keys of pyproject's config)
+    dataset = "mnist"
+    partition = "dirichlet"
+    num-server-rounds = 10
+
+    [strategies.fedavg]             # one table per compared strategy: its overrides
+    strategy = "fedavg"
+
+    [strategies.fedprox]
+    strategy = "fedprox"
+    proximal-mu = 0.01
+
+Output::
+
+    <results>/<name>/experiment.toml           the exact experiment file
+    <results>/<name>/runs/<label>-seed<s>/     one results folder per run (see results.py)
+    <results>/<name>/logs/<label>-seed<s>.log  each run's streamed log
+    <results>/<name>/comparison.png            accuracy per round, mean and spread
+    <results>/<name>/summary.{csv,json,md}     final accuracy, rounds to target, wall time
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from fedgsp_flwr.config import ConfigError, RunConfig
+from fedgsp_flwr.launcher import LocalSimulation
+from fedgsp_flwr.results import is_complete, read_metrics, rows_to_csv, write_atomic
+
+APP_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A parsed experiment file.
+
+    Attributes
+    ----------
+    name : str
+        Experiment name (results sub-folder).
+    num_supernodes : int
+        Simulated SuperNodes per run.
+    seeds : list[int]
+        Seeds; every strategy runs once per seed.
+    run_config : dict[str, Any]
+        Run config shared by all runs.
+    strategies : dict[str, dict[str, Any]]
+        Label -> run-config overrides of each compared strategy.
+    target_accuracy : float | None
+        Accuracy whose first round is reported.
+    timeout : float
+        Seconds allowed per run.
+    """
+
+    name: str
+    num_supernodes: int
+    seeds: list[int]
+    run_config: dict[str, Any]
+    strategies: dict[str, dict[str, Any]]
+    target_accuracy: float | None = None
+    timeout: float = 4 * 3600
+    source: str = field(default="", repr=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Experiment:
+        """Parse and validate an experiment file.
+
+        Raises
+        ------
+        ConfigError
+            On a missing or bad field, or a run config that does not validate.
+        """
+        text = Path(path).read_text()
+        raw = tomllib.loads(text)
+        allowed = {"name", "num-supernodes", "seeds", "run-config", "strategies",
+                   "target-accuracy", "timeout"}
+        if unknown := set(raw) - allowed:
+            raise ConfigError(f"{path}: unknown experiment field(s) {sorted(unknown)}")
+        try:
+            exp = cls(
+                name=str(raw["name"]),
+                num_supernodes=int(raw.get("num-supernodes", 10)),
+                seeds=[int(s) for s in raw.get("seeds", [0])],
+                run_config=dict(raw.get("run-config", {})),
+                strategies={k: dict(v) for k, v in raw["strategies"].items()},
+                target_accuracy=raw.get("target-accuracy"),
+                timeout=float(raw.get("timeout", 4 * 3600)),
+                source=text,
+            )
+        except KeyError as err:
+            raise ConfigError(f"{path}: missing field {err}") from err
+        if exp.num_supernodes < 1 or not exp.seeds or not exp.strategies:
+            raise ConfigError(f"{path}: needs num-supernodes >= 1, seeds and strategies")
+        for label, seed in exp.runs():
+            RunConfig.from_mapping(exp.run_config_of(label, seed, Path("/results"))).check_names()
+        return exp
+
+    def runs(self) -> list[tuple[str, int]]:
+        """All (strategy label, seed) pairs, seed-major so early results cover all."""
+        return [(label, seed) for seed in self.seeds for label in self.strategies]
+
+    def run_config_of(self, label: str, seed: int, root: Path) -> dict[str, Any]:
+        """The full run-config overrides of one run."""
+        return {
+            **self.run_config,
+            **self.strategies[label],
+            "seed": seed,
+            "results-dir": str(root / "runs"),
+            "run-name": run_name(label, seed),
+        }
+
+
+def run_name(label: str, seed: int) -> str:
+    """Results-folder name of one run."""
+    return f"{label}-seed{seed}"
+
+
+def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
+    """Run every missing run of ``exp``, then write the comparison outputs.
+
+    Returns
+    -------
+    Path
+        The experiment's results folder.
+    """
+    root = results.resolve() / exp.name
+    root.mkdir(parents=True, exist_ok=True)
+    write_atomic(root / "experiment.toml", exp.source)
+    pending = [
+        (label, seed) for label, seed in exp.runs()
+        if force or not is_complete(root / "runs" / run_name(label, seed))
+    ]
+    skipped = len(exp.runs()) - len(pending)
+    if skipped:
+        print(f"Skipping {skipped} complete run(s) of {exp.name}", file=sys.stderr)
+    failures = []
+    if pending:
+        home = Path(tempfile.mkdtemp(prefix="fedgsp-flwr-home-"))
+        with LocalSimulation(APP_DIR, home) as sim, tqdm(pending, desc=exp.name,
+                                                           unit="run") as bar:
+            for label, seed in bar:
+                bar.set_postfix_str(run_name(label, seed))
+                outcome = sim.run(
+                    exp.run_config_of(label, seed, root),
+                    num_supernodes=exp.num_supernodes,
+                    log_path=root / "logs" / f"{run_name(label, seed)}.log",
+                    timeout=exp.timeout,
+                )
+                if not outcome.ok:
+                    failures.append(f"{run_name(label, seed)}: {outcome.status} "
+                                    f"(log: {outcome.log_path})")
+        shutil.rmtree(home, ignore_errors=True)
+    write_comparison(exp, root)
+    if failures:
+        raise RuntimeError("Some runs did not complete:\n" + "\n".join(failures))
+    return root
+
+
+def curves(exp: Experiment, root: Path, label: str) -> list[list[float]]:
+    """Central accuracy per round of each complete seed of one strategy."""
+    out = []
+    for seed in exp.seeds:
+        metrics = read_metrics(root / "runs" / run_name(label, seed))
+        if metrics and metrics.get("status") == "complete":
+            out.append([r["central-acc"] for r in metrics["rounds"]])
+    return out
+
+
+def rounds_to(curve: Sequence[float], target: float | None) -> int | None:
+    """First round (round 0 = initial model) whose accuracy reaches ``target``."""
+    if target is None:
+        return None
+    return next((r for r, acc in enumerate(curve) if acc >= target), None)
+
+
+def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
+    """One summary row per strategy: final accuracy, rounds to target, wall time."""
+    rows = []
+    for label in exp.strategies:
+        runs = [read_metrics(root / "runs" / run_name(label, s)) for s in exp.seeds]
+        done = [m for m in runs if m and m.get("status") == "complete"]
+        if not done:
+            continue
+        finals = [m["summary"]["final-central-acc"] for m in done]
+        reached = [rounds_to([r["central-acc"] for r in m["rounds"]], exp.target_accuracy)
+                   for m in done]
+        rows.append({
+            "strategy": label,
+            "seeds": len(done),
+            "final-acc-mean": float(np.mean(finals)),
+            "final-acc-std": float(np.std(finals)),
+            "rounds-to-target": (None if exp.target_accuracy is None or None in reached
+                                 else float(np.mean(reached))),
+            "seeds-reaching-target": sum(r is not None for r in reached),
+            "wall-time-mean": float(np.mean([m["summary"]["wall-time"] for m in done])),
+        })
+    return rows
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Render summary rows as a Markdown table."""
+    if not rows:
+        return "(no complete runs)\n"
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in row.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison(exp: Experiment, root: Path) -> None:
+    """Write comparison.png and summary.{csv,json,md} from the complete runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label in exp.strategies:
+        runs = curves(exp, root, label)
+        if not runs:
+            continue
+        length = min(len(c) for c in runs)
+        acc = np.array([c[:length] for c in runs])
+        mean, std = acc.mean(0), acc.std(0)
+        (line,) = ax.plot(range(length), mean, label=f"{label} (n={len(runs)})")
+        ax.fill_between(range(length), mean - std, mean + std, alpha=0.2,
+                        color=line.get_color())
+    if exp.target_accuracy is not None:
+        ax.axhline(exp.target_accuracy, color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="round", ylabel="central test accuracy", title=exp.name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(root / "comparison.png", dpi=100)
+    plt.close(fig)
+    rows = summarize(exp, root)
+    write_atomic(root / "summary.json", json.dumps(rows, indent=2))
+    write_atomic(root / "summary.csv", rows_to_csv(rows))
+    write_atomic(root / "summary.md", markdown_table(rows))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("experiments", nargs="+", type=Path, help="experiment TOML files")
+    parser.add_argument("--results", type=Path, default=APP_DIR / "results",
+                        help="results root (default: ./results)")
+    parser.add_argument("--force", action="store_true", help="re-run complete runs too")
+    args = parser.parse_args(argv)
+    try:
+        experiments = [Experiment.load(path) for path in args.experiments]
+    except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
+        parser.error(str(err))
+    for exp in experiments:
+        root = run_experiment(exp, args.results, force=args.force)
+        print((root / "summary.md").read_text())
+        print(f"Results: {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
