@@ -127,7 +127,7 @@ class Experiment:
         return [(label, seed) for seed in self.seeds for label in self.strategies]
 
     def run_config_of(self, label: str, seed: int, root: Path) -> dict[str, Any]:
-        """The full run-config overrides of one run."""
+        """Return the full run-config overrides of one run."""
         return {
             **self.run_config,
             **self.strategies[label],
@@ -216,8 +216,10 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             "seeds": len(done),
             "final-acc-mean": float(np.mean(finals)),
             "final-acc-std": float(np.std(finals)),
-            "rounds-to-target": (None if exp.target_accuracy is None or None in reached
-                                 else float(np.mean(reached))),
+            "rounds-to-target": (
+                float(np.mean(hits)) if (hits := [r for r in reached if r is not None])
+                and len(hits) == len(reached) else None
+            ),
             "seeds-reaching-target": sum(r is not None for r in reached),
             "wall-time-mean": float(np.mean([m["summary"]["wall-time"] for m in done])),
         })

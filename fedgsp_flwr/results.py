@@ -80,7 +80,7 @@ class RunRecorder:
         """Mark the run complete, save the final model and the plot."""
         self.summary = {k: _plain(v) for k, v in summary.items()}
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stub quirk
         write_atomic(self.folder / "model.npz", buffer.getvalue())
         plot_rounds(self.rounds, self.folder / "accuracy.png", title=self.folder.name)
         self._write(STATUS_COMPLETE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import random
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ def results_folder(cfg: RunConfig) -> Path:
     """The run's results folder: ``<results-dir>/<run-name>``."""
     name = cfg.run_name or "-".join(
         [cfg.strategy, cfg.dataset.replace("/", "_"), cfg.partition,
-         datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")]
+         datetime.now(UTC).strftime("%Y%m%d-%H%M%S")]
     )
     return Path(cfg.results_dir).expanduser().resolve() / name
 
@@ -110,8 +110,10 @@ class CentralEvaluator:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's, numpy's and torch's global generators (Flower samples nodes with
-    Python's ``random``)."""
+    """Seed Python's, numpy's and torch's global generators.
+
+    Flower's strategies sample nodes with Python's ``random``.
+    """
     import torch
 
     random.seed(seed)

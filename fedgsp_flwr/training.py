@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,21 +116,28 @@ def evaluate(
         If there is no evaluation data.
     """
     import torch
-    from torch import nn
 
-    if len(y) == 0:
-        raise ValueError("cannot evaluate on an empty dataset")
-    criterion = nn.CrossEntropyLoss(reduction="sum")
     model.eval()
     loss, correct = 0.0, 0
     with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            xb = torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size]))
-            yb = torch.from_numpy(y[start : start + batch_size])
+        for xb, yb in _batches(x, y, batch_size, "evaluate"):
             logits = model(xb)
-            loss += criterion(logits, yb).item()
+            loss += torch.nn.functional.cross_entropy(logits, yb, reduction="sum").item()
             correct += int((logits.argmax(1) == yb).sum())
     return loss / len(y), correct / len(y)
+
+
+def _batches(
+    x: np.ndarray, y: np.ndarray, batch_size: int, purpose: str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive (features, labels) tensor batches; refuses empty data."""
+    import torch
+
+    if len(y) == 0:
+        raise ValueError(f"cannot {purpose} on an empty dataset")
+    for start in range(0, len(y), batch_size):
+        yield (torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size])),
+               torch.from_numpy(y[start : start + batch_size]))
 
 
 def normalized_gradient(
@@ -152,18 +160,15 @@ def normalized_gradient(
         If there is no data, or the gradient is zero or not finite.
     """
     import torch
-    from torch import nn
 
-    if len(y) == 0:
-        raise ValueError("cannot compute a gradient on an empty dataset")
-    criterion = nn.CrossEntropyLoss(reduction="sum")
     model.eval()
     model.zero_grad()
-    for start in range(0, len(y), batch_size):
-        xb = torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size]))
-        yb = torch.from_numpy(y[start : start + batch_size])
-        (criterion(model(xb), yb) / len(y)).backward()
-    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double().numpy()
+    for xb, yb in _batches(x, y, batch_size, "compute a gradient"):
+        (torch.nn.functional.cross_entropy(model(xb), yb, reduction="sum") / len(y)).backward()
+    flat = torch.cat([
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+        for p in model.parameters()
+    ]).double().numpy()
     norm = float(np.linalg.norm(flat))
     if not np.isfinite(norm) or norm == 0.0:
         raise ValueError(f"gradient norm is {norm}; cannot normalise the sketch")

@@ -131,3 +131,15 @@ def test_hooks_join_an_existing_app_without_touching_its_handlers() -> None:
         register_hooks(app, HOOKS, handlers=["train"])
     with pytest.raises(ValueError, match="Unknown handler 'gradient'"):
         register_hooks(ClientApp(), HOOKS, handlers=["gradient"])
+
+
+@pytest.mark.parametrize(
+    ("config", "fragment"),
+    [({"lr": "fast"}, "'lr' must be a number"), ({"local-epochs": 0}, "invalid training"),
+     ({"batch-size": [4]}, "'batch-size' must be a number"), ({"momentum": 1.5}, "invalid")],
+)
+def test_bad_training_settings_in_a_message_are_refused(app: ClientApp, config: dict,
+                                                        fragment: str) -> None:
+    content = RecordDict({"arrays": global_arrays(), "config": ConfigRecord(config)})
+    with pytest.raises(ValueError, match=fragment):
+        app(instruction(content, "train"), make_context(0))

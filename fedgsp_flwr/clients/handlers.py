@@ -80,14 +80,21 @@ class TrainSettings:
         ValueError
             If a setting is out of range.
         """
+        def number(key: str, default: float) -> float:
+            value = config.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"message config '{key}' must be a number, got {value!r}")
+            return value
+
         settings = cls(
-            local_epochs=int(config.get("local-epochs", defaults.local_epochs)),
-            lr=float(config.get("lr", defaults.lr)),
-            batch_size=int(config.get("batch-size", defaults.batch_size)),
-            momentum=float(config.get("momentum", defaults.momentum)),
-            proximal_mu=float(config.get("proximal-mu", defaults.proximal_mu)),
+            local_epochs=int(number("local-epochs", defaults.local_epochs)),
+            lr=float(number("lr", defaults.lr)),
+            batch_size=int(number("batch-size", defaults.batch_size)),
+            momentum=float(number("momentum", defaults.momentum)),
+            proximal_mu=float(number("proximal-mu", defaults.proximal_mu)),
         )
-        if settings.local_epochs < 1 or settings.batch_size < 1 or settings.lr <= 0:
+        if (settings.local_epochs < 1 or settings.batch_size < 1 or settings.lr <= 0
+                or not 0 <= settings.momentum < 1 or settings.proximal_mu < 0):
             raise ValueError(f"invalid training settings in the message config: {settings}")
         return settings
 
@@ -184,6 +191,17 @@ def local_seed(context: Context, config: ConfigRecord) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
 
 
+def _vector_reply(message: Message, key: str, vector: Any, num_examples: int) -> Message:
+    """Reply with one array under ``key`` (record and array) and the node's weight."""
+    content = RecordDict(
+        {
+            key: ArrayRecord({key: Array(vector)}),
+            METRICS_KEY: MetricRecord({"num-examples": num_examples}),
+        }
+    )
+    return Message(content=content, reply_to=message)
+
+
 def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
     """Return a handler for ``train`` and ``train.relay`` (one sequential hop).
 
@@ -245,14 +263,7 @@ def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
 
     def handle(message: Message, context: Context) -> Message:
         data = hooks.load_data(context)
-        hist = data.histogram()
-        content = RecordDict(
-            {
-                HISTOGRAM_KEY: ArrayRecord({HISTOGRAM_KEY: Array(hist)}),
-                METRICS_KEY: MetricRecord({"num-examples": int(hist.sum())}),
-            }
-        )
-        return Message(content=content, reply_to=message)
+        return _vector_reply(message, HISTOGRAM_KEY, data.histogram(), len(data.y_train))
 
     return handle
 
@@ -264,12 +275,6 @@ def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mess
         data = hooks.load_data(context)
         model = _model_from_message(message, hooks, context, data)
         sketch = normalized_gradient(model, data.x_train, data.y_train)
-        content = RecordDict(
-            {
-                SKETCH_KEY: ArrayRecord({SKETCH_KEY: Array(sketch)}),
-                METRICS_KEY: MetricRecord({"num-examples": len(data.y_train)}),
-            }
-        )
-        return Message(content=content, reply_to=message)
+        return _vector_reply(message, SKETCH_KEY, sketch, len(data.y_train))
 
     return handle

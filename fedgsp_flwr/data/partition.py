@@ -204,7 +204,7 @@ def _cached_partitions(bundle: DataBundle, spec: PartitionSpec) -> tuple[Partiti
         _require(bundle.source_train is not None and bundle.name == "hybrid",
                  "partition 'hybrid' needs dataset 'hybrid'")
         groups = np.arange(n) % 2
-        train = _split_by_key(rng, n, groups, bundle.source_train)
+        train = _split_by_key(rng, n, groups, np.asarray(bundle.source_train))
     else:  # natural
         _require(
             bundle.source_train is not None and bundle.name == "synthetic",
@@ -234,7 +234,7 @@ def save_partitions(parts: list[Partition], path: Path) -> None:
         "meta": np.array([[p.latent_group, p.rotation, p.label_shift] for p in parts]),
     }
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as tmp:
-        np.savez(tmp, **fields)
+        np.savez(tmp, **fields)  # type: ignore[arg-type]  # numpy stub quirk
     os.replace(tmp.name, path)
 
 

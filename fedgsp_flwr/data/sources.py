@@ -32,6 +32,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -394,7 +395,7 @@ def _prepare_hub(name: str, cache: Path) -> DataBundle:
                       int(max(y_train.max(), y_test.max()) + 1))
 
 
-def arrays_from_hf(split: object) -> tuple[np.ndarray, np.ndarray]:
+def arrays_from_hf(split: Any) -> tuple[np.ndarray, np.ndarray]:
     """Turn a Hugging Face image-classification split into (uint8 images, labels).
 
     The image column is the first one whose values are images or arrays; the label
@@ -405,9 +406,9 @@ def arrays_from_hf(split: object) -> tuple[np.ndarray, np.ndarray]:
     DatasetUnavailableError
         If no image or label column is found.
     """
-    columns = list(split.column_names)  # type: ignore[attr-defined]
+    columns = list(split.column_names)
     label_col = next((c for c in ("label", "labels") if c in columns), None)
-    first = split[0]  # type: ignore[index]
+    first = split[0]
     if label_col is None:
         label_col = next((c for c in columns if isinstance(first[c], int)), None)
     image_col = next(

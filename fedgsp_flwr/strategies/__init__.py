@@ -7,6 +7,7 @@ config of this app (``strategy = "fedavg"``) through :func:`build_strategy`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from flwr.serverapp.strategy import Strategy
 
@@ -15,30 +16,20 @@ from .fedavg import FedAvg, FedProx, ValidatedAggregation
 from .replies import filter_replies, reply_problem
 
 
-def _fedavg(cfg: RunConfig) -> Strategy:
-    return FedAvg(
-        fraction_train=cfg.fraction_train,
-        fraction_evaluate=cfg.fraction_evaluate,
-        min_available_nodes=cfg.min_available_nodes,
-        min_train_nodes=1,
-        min_evaluate_nodes=1 if cfg.fraction_evaluate > 0 else 0,
-    )
-
-
-def _fedprox(cfg: RunConfig) -> Strategy:
-    return FedProx(
-        fraction_train=cfg.fraction_train,
-        fraction_evaluate=cfg.fraction_evaluate,
-        min_available_nodes=cfg.min_available_nodes,
-        min_train_nodes=1,
-        min_evaluate_nodes=1 if cfg.fraction_evaluate > 0 else 0,
-        proximal_mu=cfg.proximal_mu,
-    )
+def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Flower's FedAvg sampling parameters from the run config."""
+    return {
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "min_available_nodes": cfg.min_available_nodes,
+        "min_train_nodes": 1,
+        "min_evaluate_nodes": 1 if cfg.fraction_evaluate > 0 else 0,
+    }
 
 
 STRATEGIES: dict[str, Callable[[RunConfig], Strategy]] = {
-    "fedavg": _fedavg,
-    "fedprox": _fedprox,
+    "fedavg": lambda cfg: FedAvg(**sampling_kwargs(cfg)),
+    "fedprox": lambda cfg: FedProx(**sampling_kwargs(cfg), proximal_mu=cfg.proximal_mu),
 }
 
 
@@ -65,4 +56,5 @@ __all__ = [
     "build_strategy",
     "filter_replies",
     "reply_problem",
+    "sampling_kwargs",
 ]
