@@ -57,7 +57,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_each_bad_reply_is_rejected_with_its_reason(case: str, caplog) -> None:
+def test_each_bad_reply_is_rejected_with_its_reason(case: str) -> None:
     bad, reason = BAD[case]
     sound, rejected = filter_replies(
         [reply(1), bad], reference=REFERENCE, weighted_by_key="num-examples",
@@ -117,7 +117,7 @@ def test_evaluate_replies_need_no_arrays_but_a_weight() -> None:
                   reply_to=instruction(RecordDict(), "evaluate", dst=2))
     metrics = strategy.aggregate_evaluate(1, [good, bad])
     assert metrics["eval-acc"] == pytest.approx(0.5)
-    assert strategy.history[1]["evaluate-rejected"] == 1
+    assert strategy.history[1]["eval-rejected"] == 1
 
 
 def test_configure_train_remembers_the_model_sent() -> None:

@@ -76,11 +76,11 @@ class ValidatedAggregation:
         rejected: dict[int, str],
     ) -> None:
         entry = self.history.setdefault(server_round, {})
+        prefix = "" if stage == "train" else "eval-"  # train metrics keep their names
         for key, value in (metrics or {}).items():
-            named = key.startswith(("train-", "eval-"))
-            entry[key if named else f"{stage}-{key}"] = value
-        entry[f"{stage}-replies"] = num_sound
-        entry[f"{stage}-rejected"] = len(rejected)
+            entry[key if key.startswith(prefix) else prefix + key] = value
+        entry[f"{prefix or 'train-'}replies"] = num_sound
+        entry[f"{prefix or 'train-'}rejected"] = len(rejected)
 
 
 class FedAvg(ValidatedAggregation, FlowerFedAvg):
