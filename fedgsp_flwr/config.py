@@ -100,6 +100,28 @@ class RunConfig:
     proximal_mu: float = _setting(
         0.01, "proximal term weight (used by strategy=fedprox)", _non_negative, ">= 0"
     )
+    growth: str = _setting("log", "FedGSP growth function of the number of groups: "
+                           "linear | log | exp")
+    growth_alpha: float = _setting(2.0, "FedGSP growth rate alpha", _positive, "> 0")
+    growth_beta: int = _setting(
+        1, "FedGSP initial number of groups beta (the paper: 10 for 368 clients)",
+        _positive, "> 0")
+    kappa: float = _setting(
+        0.3, "FedGSP fraction of groups sampled per round", _fraction, "in (0, 1]")
+    num_groups: int = _setting(
+        0, "fixed number of groups of naivegsp / naivegsp-icg (0 = growth-beta)",
+        _non_negative, ">= 0")
+    icg_iterations: int = _setting(10, "ICG's maximum iterations (tau)", _positive, "> 0")
+    icg_leftover: str = _setting(
+        "distribute", "ICG clients outside the equal-size clusters: distribute | drop")
+    icg_normalize: bool = _setting(False, "ICG clusters label proportions, not counts")
+    icg_balance: bool = _setting(
+        True, "rearrange ICG's one-per-cluster draw to equalise group distributions "
+        "(false = the paper's random draw)")
+    relay_message: str = _setting(
+        "train.relay", "message type of relay hops: train.relay | train (any ClientApp)")
+    hop_timeout: float = _setting(
+        600.0, "seconds a node may take for one relay hop", _positive, "> 0")
     seed: int = _setting(42, "seed of data partitions, model init and sampling")
     round_timeout: float = _setting(
         3600.0, "seconds to wait for node replies in one round", _positive, "> 0"
@@ -171,14 +193,18 @@ class RunConfig:
         from .data import LOCAL_DATASETS, SCHEMES
         from .models import MODELS
         from .strategies import STRATEGIES
+        from .strategies.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
+        from .strategies.sequential import RELAY_MESSAGE_TYPES
 
-        choices = {"strategy": STRATEGIES, "partition": SCHEMES, "model": MODELS}
-        for key, allowed in choices.items():
-            value = getattr(self, key)
+        choices = {"strategy": STRATEGIES, "partition": SCHEMES, "model": MODELS,
+                   "growth": GROWTH_FUNCTIONS, "icg_leftover": LEFTOVER_POLICIES,
+                   "relay_message": RELAY_MESSAGE_TYPES}
+        for attribute, allowed in choices.items():
+            value = getattr(self, attribute)
             if value not in allowed:
                 raise ConfigError(
-                    f"Run-config key '{key}' must be one of {', '.join(allowed)}, "
-                    f"got {value!r}"
+                    f"Run-config key '{to_key(attribute)}' must be one of "
+                    f"{', '.join(allowed)}, got {value!r}"
                 )
         if self.dataset not in LOCAL_DATASETS and "/" not in self.dataset:
             raise ConfigError(
@@ -202,7 +228,7 @@ def _coerce(key: str, value: Any, fld: dataclasses.Field[Any]) -> Any:
     if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     python_type = {"int": int, "float": float, "str": str, "bool": bool}[expected]
-    if isinstance(value, bool) and python_type is not bool or not isinstance(
+    if (isinstance(value, bool) and python_type is not bool) or not isinstance(
         value, python_type
     ):
         raise ConfigError(

@@ -64,7 +64,8 @@ def test_unknown_keys_of_an_embedding_app_can_be_ignored() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("strategy", "fedsgd"), ("partition", "zipf"), ("model", "resnet"), ("dataset", "cifar")],
+    [("strategy", "fedsgd"), ("partition", "zipf"), ("model", "resnet"), ("dataset", "cifar"),
+     ("growth", "cubic"), ("icg-leftover", "keep"), ("relay-message", "query")],
 )
 def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> None:
     cfg = RunConfig.from_mapping({key: value})
@@ -75,3 +76,20 @@ def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> No
 def test_default_and_hub_names_pass() -> None:
     RunConfig().check_names()
     RunConfig.from_mapping({"dataset": "ylecun/mnist", "strategy": "fedprox"}).check_names()
+    for name in ("fedgsp", "naivegsp", "naivegsp-icg"):
+        RunConfig.from_mapping({"strategy": name}).check_names()
+
+
+def test_fedgsp_family_is_built_from_the_run_config() -> None:
+    from fedgsp_flwr.strategies import build_strategy
+
+    cfg = {"growth": "exp", "growth-alpha": 0.5, "growth-beta": 3, "kappa": 0.5,
+           "num-groups": 7, "local-epochs": 2}
+    fedgsp = build_strategy(RunConfig.from_mapping({**cfg, "strategy": "fedgsp"}))
+    assert (fedgsp.growth, fedgsp.alpha, fedgsp.beta, fedgsp.kappa) == ("exp", 0.5, 3, 0.5)
+    assert fedgsp.num_groups is None and fedgsp.grouping == "icg"
+    assert fedgsp.local_epochs == 2
+    naive = build_strategy(RunConfig.from_mapping({**cfg, "strategy": "naivegsp"}))
+    assert naive.num_groups == 7 and naive.grouping == "random"
+    naive_icg = build_strategy(RunConfig.from_mapping({"strategy": "naivegsp-icg"}))
+    assert naive_icg.num_groups == 1 and naive_icg.grouping == "icg"  # growth-beta

@@ -47,6 +47,20 @@ def test_flwr_run_trains_and_writes_the_results_folder(sim: LocalSimulation,
     assert "Round 2/2: central accuracy" in log
 
 
+def test_fedgsp_relays_through_the_simulation_engine(sim: LocalSimulation,
+                                                    tmp_path: Path) -> None:
+    outcome = sim.run({**TINY, "num-server-rounds": 2, "strategy": "fedgsp", "kappa": 1.0,
+                       "min-available-nodes": 4, "results-dir": str(tmp_path), "run-name": "gsp"},
+                      num_supernodes=4, log_path=tmp_path / "gsp.log", timeout=600)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    rounds = read_metrics(tmp_path / "gsp")["rounds"]
+    # log growth with beta=1, alpha=2: one chain of 4, then 2 groups of 2
+    assert [(r["num-groups"], r["hops"], r["skipped-nodes"]) for r in rounds[1:]] == [
+        (1, 4, 0), (2, 4, 0)]
+    assert rounds[2]["central-acc"] > rounds[0]["central-acc"]
+    assert rounds[2]["bytes-sent"] > 0 and "cpd-median" in rounds[2]
+
+
 def test_a_failing_run_is_reported_not_hidden(sim: LocalSimulation, tmp_path: Path) -> None:
     # 'hybrid' partitions need the hybrid dataset: the ServerApp raises at start.
     outcome = sim.run({**TINY, "partition": "hybrid", "results-dir": str(tmp_path)},

@@ -13,6 +13,8 @@ from flwr.serverapp.strategy import Strategy
 
 from ..config import ConfigError, RunConfig
 from .fedavg import FedAvg, FedProx, ValidatedAggregation
+from .fedgsp import FedGSP
+from .sequential import RelayStrategy
 from .replies import filter_replies, reply_problem
 
 
@@ -27,9 +29,34 @@ def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
+def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool) -> Strategy:
+    kwargs = sampling_kwargs(cfg)
+    del kwargs["fraction_train"]  # FedGSP samples groups with kappa instead
+    return FedGSP(
+        growth=cfg.growth,
+        alpha=cfg.growth_alpha,
+        beta=cfg.growth_beta,
+        kappa=cfg.kappa,
+        grouping=grouping,
+        num_groups=(cfg.num_groups or cfg.growth_beta) if fixed_groups else None,
+        icg_iterations=cfg.icg_iterations,
+        icg_leftover=cfg.icg_leftover,
+        icg_normalize=cfg.icg_normalize,
+        icg_balance=cfg.icg_balance,
+        hop_timeout=cfg.hop_timeout,
+        relay_message_type=cfg.relay_message,
+        local_epochs=cfg.local_epochs,
+        seed=cfg.seed,
+        **kwargs,
+    )
+
+
 STRATEGIES: dict[str, Callable[[RunConfig], Strategy]] = {
     "fedavg": lambda cfg: FedAvg(**sampling_kwargs(cfg)),
     "fedprox": lambda cfg: FedProx(**sampling_kwargs(cfg), proximal_mu=cfg.proximal_mu),
+    "fedgsp": lambda cfg: _fedgsp(cfg, "icg", fixed_groups=False),
+    "naivegsp": lambda cfg: _fedgsp(cfg, "random", fixed_groups=True),
+    "naivegsp-icg": lambda cfg: _fedgsp(cfg, "icg", fixed_groups=True),
 }
 
 
@@ -51,7 +78,9 @@ def build_strategy(cfg: RunConfig) -> Strategy:
 __all__ = [
     "STRATEGIES",
     "FedAvg",
+    "FedGSP",
     "FedProx",
+    "RelayStrategy",
     "ValidatedAggregation",
     "build_strategy",
     "filter_replies",

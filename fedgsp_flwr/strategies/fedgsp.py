@@ -1,0 +1,187 @@
+"""FedGSP: grouped Sequential-to-Parallel training with ICG grouping."""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from .grouping import (
+    GROWTH_FUNCTIONS,
+    LEFTOVER_POLICIES,
+    class_distributions,
+    icg,
+    num_groups,
+    pairwise_cpd,
+)
+from .queries import query_histograms
+from .sequential import RelayStrategy
+
+GROUPINGS = ("icg", "random")
+
+
+class FedGSP(RelayStrategy):
+    """FedGSP (Zeng et al., DASFAA 2022): STP training over ICG groups.
+
+    Every round r the connected nodes are regrouped into M = f(r) groups (ICG over
+    their class histograms, or at random), max(1, round(kappa * M)) groups are sampled,
+    and each sampled group trains as a sequential chain in shuffled order, all groups
+    in parallel; the global model is the average of the groups' models. Histograms are
+    asked once per node (``query.histogram``); a node that cannot answer is logged once
+    and placed by random grouping.
+
+    With ``num_groups`` set, M is fixed: ``grouping="random"`` is NaiveGSP and
+    ``grouping="icg"`` NaiveGSP+ICG.
+
+    Parameters
+    ----------
+    growth : str (default: "log")
+        Growth function of the number of groups: ``linear``, ``log`` or ``exp``.
+    alpha : float (default: 2.0)
+        Growth rate (> 0).
+    beta : int (default: 10)
+        Initial number of groups and growth span (integer >= 1).
+    kappa : float (default: 0.3)
+        Fraction of groups sampled per round, in (0, 1].
+    grouping : str (default: "icg")
+        ``icg`` or ``random``.
+    num_groups : int | None (default: None)
+        A fixed number of groups M (turns growth off).
+    icg_iterations : int (default: 10)
+        ICG's maximum assignment/update iterations (tau).
+    icg_leftover : str (default: "distribute")
+        ``distribute`` or ``drop`` (the paper) for clients outside the equal-size
+        clusters (see :func:`~fedgsp_flwr.strategies.grouping.icg`).
+    icg_normalize : bool (default: False)
+        Cluster label proportions instead of raw counts (the paper: counts).
+    icg_balance : bool (default: True)
+        Place each cluster's members over the groups so that the groups' class
+        distributions are as close to the global one as possible
+        (:func:`~fedgsp_flwr.strategies.grouping.balance_groups`); ``False`` is the
+        paper's random draw. Every group still holds one client of every cluster.
+    histogram_timeout : float (default: 120.0)
+        Seconds to wait for ``query.histogram`` replies.
+    cpd_sigma : float (default: 1.0)
+        Kernel width of the CPD metric.
+    **kwargs : Any
+        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy` and FedAvg parameters.
+    """
+
+    def __init__(
+        self,
+        *,
+        growth: str = "log",
+        alpha: float = 2.0,
+        beta: int = 10,
+        kappa: float = 0.3,
+        grouping: str = "icg",
+        num_groups: int | None = None,
+        icg_iterations: int = 10,
+        icg_leftover: str = "distribute",
+        icg_normalize: bool = False,
+        icg_balance: bool = True,
+        histogram_timeout: float = 120.0,
+        cpd_sigma: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        checks = [
+            (growth in GROWTH_FUNCTIONS, f"growth must be one of {GROWTH_FUNCTIONS}"),
+            (alpha > 0, "alpha must be > 0"),
+            (isinstance(beta, int) and beta >= 1, "beta must be an integer >= 1"),
+            (0 < kappa <= 1, "kappa must be in (0, 1]"),
+            (grouping in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
+            (num_groups is None or num_groups >= 1, "num_groups must be >= 1 or None"),
+            (icg_iterations >= 1, "icg_iterations must be >= 1"),
+            (icg_leftover in LEFTOVER_POLICIES, f"icg_leftover must be in {LEFTOVER_POLICIES}"),
+            (histogram_timeout > 0, "histogram_timeout must be > 0"),
+            (cpd_sigma > 0, "cpd_sigma must be > 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"FedGSP: {message}")
+        self.growth, self.alpha, self.beta, self.kappa = growth, alpha, beta, kappa
+        self.grouping, self.num_groups = grouping, num_groups
+        self.icg_iterations, self.icg_leftover = icg_iterations, icg_leftover
+        self.icg_normalize, self.icg_balance = icg_normalize, icg_balance
+        self.histogram_timeout, self.cpd_sigma = histogram_timeout, cpd_sigma
+        self.histograms: dict[int, np.ndarray] = {}
+        self._connected = 0
+        self.without_histogram: dict[int, str] = {}
+
+    def summary(self) -> None:
+        """Log FedGSP's settings, then the relay's and FedAvg's."""
+        groups = (f"fixed M={self.num_groups}" if self.num_groups else
+                  f"{self.growth} growth (alpha={self.alpha}, beta={self.beta})")
+        log(INFO, "\t├──> FedGSP: %s, %s grouping, kappa=%g", groups, self.grouping,
+            self.kappa)
+        super().summary()
+
+    def refresh_histograms(self, grid: Grid, nodes: list[int]) -> None:
+        """Ask the nodes not seen before for their class histograms."""
+        new = [n for n in nodes if n not in self.histograms and n not in self.without_histogram]
+        if not new:
+            return
+        known = next(iter(self.histograms.values()), None)
+        got, failed = query_histograms(grid, new, self.histogram_timeout,
+                                       None if known is None else len(known))
+        self.histograms.update(got)
+        self.without_histogram.update(failed)
+        if failed:
+            log(WARNING, "FedGSP: %d node(s) without a histogram are grouped at random",
+                len(failed))
+
+    def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
+        """The paper's traffic per round (Eq. 17 with R = 1): 2 kappa K |model| bytes."""
+        return {"bytes-estimate": 2.0 * self.kappa * self._connected * model_bytes}
+
+    def cpd_metrics(self, groups: list[list[int]]) -> dict[str, float]:
+        """Median and mean CPD between the groups (over members with histograms)."""
+        scored = [[n for n in g if n in self.histograms] for g in groups]
+        scored = [g for g in scored if g]
+        if len(scored) < 2:
+            return {}
+        members = sorted({n for g in scored for n in g})
+        cpds = pairwise_cpd(class_distributions(
+            np.stack([self.histograms[n] for n in members]), scored, members), self.cpd_sigma)
+        return {"cpd-median": float(np.median(cpds)), "cpd-mean": float(np.mean(cpds))}
+
+    def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
+        """Regroup the connected nodes, sample groups with kappa, shuffle their order."""
+        nodes = sorted(grid.get_node_ids())
+        self._connected = len(nodes)
+        self.refresh_histograms(grid, nodes)  # also for random grouping: its CPD is reported
+        m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
+                                              self.beta, len(nodes)), len(nodes))
+        with_hist = [n for n in nodes if n in self.histograms]
+        if self.grouping == "icg" and with_hist:
+            result = icg(np.stack([self.histograms[n] for n in with_hist]),
+                         min(m, len(with_hist)), self.rng, client_ids=with_hist,
+                         max_iter=self.icg_iterations, normalize=self.icg_normalize,
+                         leftover=self.icg_leftover, balance=self.icg_balance)
+            groups = result.groups + [[] for _ in range(m - len(result.groups))]
+            rest = [n for n in nodes if n not in self.histograms]
+        else:
+            groups, rest = [[] for _ in range(m)], nodes
+        for i, g in zip(self.rng.permutation(len(rest)), _spread(self.rng, m, len(rest)),
+                        strict=True):
+            groups[g].append(rest[i])
+        groups = [g for g in groups if g]
+        metrics: dict[str, Any] = {"num-groups": len(groups)}
+        metrics.update(self.cpd_metrics(groups))
+        sampled = self.rng.choice(len(groups), max(1, round(self.kappa * len(groups))),
+                                  replace=False)
+        chains = [[groups[i][j] for j in self.rng.permutation(len(groups[i]))]
+                  for i in sorted(sampled)]
+        log(INFO, "FedGSP round %d: %d nodes in %d groups, %d sampled", server_round,
+            len(nodes), len(groups), len(chains))
+        return chains, metrics
+
+
+def _spread(rng: np.random.Generator, m: int, count: int) -> np.ndarray:
+    """Group indices for ``count`` extra nodes, spread as evenly as possible."""
+    rounds = count // m + 1
+    return np.concatenate([rng.permutation(m) for _ in range(rounds)])[:count]

@@ -1,0 +1,386 @@
+"""FedGSP's grouping core: growth functions, ICG, random grouping, CPD.
+
+Pure numpy and OR-Tools; no Flower imports. See ALGORITHMS.md section 1 and Zeng et al.,
+"Heterogeneous Federated Learning via Grouped Sequential-to-Parallel Training".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.graph.python import min_cost_flow
+
+GROWTH_FUNCTIONS = ("linear", "log", "exp")
+LEFTOVER_POLICIES = ("distribute", "drop")
+_COST_SCALE = 10**7  # squared distances are scaled to integers in [0, 1e7]
+
+
+def num_groups(server_round: int, growth: str, alpha: float, beta: int, num_clients: int) -> int:
+    """Number of groups f(r) of round r (from 1), clipped to [1, num_clients].
+
+    linear: beta * floor(alpha (r - 1) + 1); log: beta * floor(alpha ln r + 1);
+    exp: beta * floor((1 + alpha)^(r - 1)).
+
+    Raises
+    ------
+    ValueError
+        On an unknown growth function, r < 1, alpha <= 0 or beta < 1.
+    """
+    if growth not in GROWTH_FUNCTIONS:
+        raise ValueError(f"Unknown growth '{growth}'. Choose one of {GROWTH_FUNCTIONS}.")
+    if server_round < 1 or alpha <= 0 or beta < 1 or num_clients < 1:
+        raise ValueError(
+            f"need round >= 1, alpha > 0, beta >= 1, clients >= 1; got "
+            f"{server_round}, {alpha}, {beta}, {num_clients}"
+        )
+    if growth == "linear":
+        base = math.floor(alpha * (server_round - 1) + 1)
+    elif growth == "log":
+        base = math.floor(alpha * math.log(server_round) + 1)
+    else:
+        # (1+alpha)^(r-1) overflows floats for long runs; the clip makes the cap exact.
+        exponent = (server_round - 1) * math.log1p(alpha)
+        base = (num_clients if exponent > math.log(num_clients + 1)
+                else math.floor((1 + alpha) ** (server_round - 1)))
+    return int(min(max(beta * base, 1), num_clients))
+
+
+def random_groups(client_ids: list[int], m: int, rng: np.random.Generator) -> list[list[int]]:
+    """Split clients at random into ``min(m, len(client_ids))`` groups of near-equal size.
+
+    Raises
+    ------
+    ValueError
+        If ``m < 1``.
+    """
+    if m < 1:
+        raise ValueError(f"number of groups must be >= 1, got {m}")
+    ids = list(client_ids)  # node ids can exceed int64: index, never convert
+    order = rng.permutation(len(ids))
+    m = min(m, len(ids))
+    return [[ids[i] for i in chunk] for chunk in np.array_split(order, m)] if m else []
+
+
+@dataclass(frozen=True)
+class ICGResult:
+    """Outcome of :func:`icg`.
+
+    Attributes
+    ----------
+    groups : list[list[int]]
+        Client ids per group, in random order inside each group.
+    clusters : list[list[int]]
+        Client ids per equal-size cluster (the clients that were clustered).
+    leftover : list[int]
+        Clients outside the one-per-cluster structure (distributed or dropped).
+    dropped : list[int]
+        Clients in no group this round (``leftover="drop"``).
+    iterations : int
+        Assignment/update iterations run.
+    objective : float
+        Final clustering objective sum_k 1/2 ||V^k - C_l(k)||^2.
+    """
+
+    groups: list[list[int]]
+    clusters: list[list[int]]
+    leftover: list[int]
+    dropped: list[int]
+    iterations: int
+    objective: float
+
+
+def icg(
+    histograms: np.ndarray,
+    m: int,
+    rng: np.random.Generator,
+    *,
+    client_ids: list[int] | None = None,
+    max_iter: int = 10,
+    normalize: bool = False,
+    leftover: str = "distribute",
+    neighbours: int = 16,
+    balance: bool = False,
+) -> ICGResult:
+    """Inter-Cluster Grouping (FedGSP, Algorithm 2).
+
+    Clusters the K clients' class histograms into L = floor(K/M) clusters of equal size
+    s = floor(K/L) (equal-size k-means, each assignment step a min-cost flow), then
+    forms M groups, each taking one client drawn at random from every cluster, so that
+    every group's summed histogram is close to the global one.
+
+    Parameters
+    ----------
+    histograms : np.ndarray
+        (K, F) label counts, one row per client.
+    m : int
+        Number of groups M.
+    rng : np.random.Generator
+        Randomness (sampling, initialisation, draws).
+    client_ids : list[int] | None
+        Ids of the rows; ``range(K)`` if ``None``.
+    max_iter : int
+        Maximum assignment/update iterations (the paper's tau).
+    normalize : bool
+        Cluster on label proportions instead of raw counts (the paper: counts).
+    leftover : str
+        ``"distribute"`` (choice): clients outside the one-per-cluster structure (K not
+        divisible) join groups, at most one extra per group per cluster, spread over
+        the groups; ``"drop"`` (the paper): they sit this round out.
+    neighbours : int
+        Flow arcs per client: its nearest centroids only (more if the sparse network
+        is infeasible). Sparse arcs keep large K fast.
+    balance : bool
+        After the random one-per-cluster draw, swap same-cluster members between
+        groups while that brings the groups' class distributions closer to the global
+        one (:func:`balance_groups`; not in the paper, which draws at random). Every
+        group still holds one client of every cluster.
+
+    Returns
+    -------
+    ICGResult
+        Groups, clusters and diagnostics.
+
+    Raises
+    ------
+    ValueError
+        On bad shapes or parameters.
+    """
+    v = np.asarray(histograms, dtype=np.float64)
+    if v.ndim != 2 or len(v) == 0:
+        raise ValueError(f"histograms must be a non-empty (K, F) array, got shape {v.shape}")
+    if not np.isfinite(v).all() or (v < 0).any():
+        raise ValueError("histograms must be finite and non-negative")
+    if m < 1 or max_iter < 1 or neighbours < 1:
+        raise ValueError(f"need m >= 1, max_iter >= 1, neighbours >= 1; got {m}, "
+                         f"{max_iter}, {neighbours}")
+    if leftover not in LEFTOVER_POLICIES:
+        raise ValueError(f"Unknown leftover policy '{leftover}'. Choose {LEFTOVER_POLICIES}.")
+    ids = list(range(len(v))) if client_ids is None else list(client_ids)  # may be > int64
+    if len(ids) != len(v):
+        raise ValueError(f"{len(ids)} client ids for {len(v)} histograms")
+    if normalize:
+        v = v / np.maximum(v.sum(axis=1, keepdims=True), 1e-12)
+    k = len(v)
+    if m >= k:  # every client its own group: FedAvg
+        return ICGResult([[ids[i]] for i in rng.permutation(k)], [list(ids)], [], [], 0, 0.0)
+    n_clusters = k // m
+    size = k // n_clusters
+    chosen = np.sort(rng.choice(k, n_clusters * size, replace=False))
+    outside = np.setdiff1d(np.arange(k), chosen)
+    points = v[chosen]
+    centroids = _kmeans_pp(points, n_clusters, rng)
+    labels = np.full(len(points), -1)
+    iterations = 0
+    while iterations < max_iter:
+        iterations += 1
+        new_labels = equal_size_assignment(points, centroids, size, neighbours)
+        if np.array_equal(new_labels, labels):
+            break
+        labels = new_labels
+        centroids = np.stack([points[labels == c].mean(axis=0) for c in range(n_clusters)])
+    objective = 0.5 * float(((points - centroids[labels]) ** 2).sum())
+    clusters = [chosen[labels == c] for c in range(n_clusters)]
+    drawn = [rng.permutation(members) for members in clusters]
+    table = np.stack([d[:m] for d in drawn], axis=1)  # (M, L): group x cluster
+    if balance:
+        table = balance_groups(np.asarray(histograms, dtype=np.float64), table)
+    groups: list[list[int]] = [[int(c) for c in row] for row in table]
+    extra = [int(x) for d in drawn for x in d[m:]] + [int(x) for x in outside]
+    dropped: list[int] = []
+    if leftover == "distribute":
+        targets = np.concatenate([rng.permutation(m) for _ in range(len(extra) // m + 1)])
+        for client, g in zip(extra, targets, strict=False):
+            groups[int(g)].append(client)
+    else:
+        dropped = extra
+    return ICGResult(
+        groups=[[int(ids[c]) for c in rng.permutation(g)] for g in groups],
+        clusters=[[int(ids[c]) for c in members] for members in clusters],
+        leftover=[int(ids[c]) for c in extra],
+        dropped=[int(ids[c]) for c in dropped],
+        iterations=iterations,
+        objective=objective,
+    )
+
+
+def balance_groups(
+    histograms: np.ndarray, table: np.ndarray, max_sweeps: int = 5, tol: float = 1e-9
+) -> np.ndarray:
+    """Rearrange each cluster's members over the groups to equalise group distributions.
+
+    Minimises sum_m ||S_m / |S_m| - P||^2 (S_m the summed histogram of group m, P the
+    global class distribution), which is proportional to the mean pairwise CPD between
+    groups, by block coordinate descent: for one cluster (column) at a time, with the
+    other columns fixed, the best placement of its members is a linear assignment
+    (group m receiving member j costs the deviation of group m with j), solved exactly.
+    Sweeps over the columns stop when a sweep gains less than ``tol`` (relative).
+
+    Parameters
+    ----------
+    histograms : np.ndarray
+        (K, F) label counts, indexed by the entries of ``table``.
+    table : np.ndarray
+        (M, L) client indices: row m is group m, column l holds cluster l's members.
+    max_sweeps : int
+        Upper bound on sweeps over the columns.
+    tol : float
+        Relative improvement below which the sweeps stop.
+
+    Returns
+    -------
+    np.ndarray
+        The rearranged (M, L) table (a copy); every column keeps its members.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    table = np.array(table, copy=True)
+    v = np.asarray(histograms, dtype=np.float64)
+    total = v[table.reshape(-1)].sum(axis=0)
+    target = total / max(total.sum(), 1e-12)
+    sums = v[table].sum(axis=1)  # (M, F)
+
+    def objective(s: np.ndarray) -> float:
+        return float(((s / np.maximum(s.sum(axis=1, keepdims=True), 1e-12) - target) ** 2
+                      ).sum())
+
+    current = objective(sums)
+    for _ in range(max_sweeps):
+        start = current
+        for col in range(table.shape[1]):
+            members = v[table[:, col]]  # (M, F), member j currently in group j
+            rest = sums - members  # (M, F): each group without its column-l member
+            # cost[m, j] = ||(R_m + v_j) / (r_m + w_j) - P||^2 with sizes r, w, expanded
+            # so that no (M, M, F) array is formed.
+            size = np.maximum(rest.sum(axis=1)[:, None] + members.sum(axis=1)[None, :],
+                              1e-12)
+            norm2 = ((rest**2).sum(axis=1)[:, None] + 2.0 * rest @ members.T
+                     + (members**2).sum(axis=1)[None, :])
+            dot = (rest @ target)[:, None] + (members @ target)[None, :]
+            cost = norm2 / size**2 - 2.0 * dot / size
+            rows, cols = linear_sum_assignment(cost)
+            table[rows, col] = table[cols, col].copy()
+            sums = rest[rows] + members[cols]
+        current = objective(sums)
+        if start - current <= tol * max(start, 1e-12):
+            break
+    return table
+
+
+def _kmeans_pp(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding: each next centre drawn with probability ~ squared distance."""
+    centres = [points[rng.integers(len(points))]]
+    d2 = ((points - centres[0]) ** 2).sum(axis=1)
+    for _ in range(1, n):
+        total = d2.sum()
+        idx = rng.choice(len(points), p=d2 / total) if total > 0 else rng.integers(len(points))
+        centres.append(points[idx])
+        d2 = np.minimum(d2, ((points - points[idx]) ** 2).sum(axis=1))
+    return np.stack(centres)
+
+
+def squared_distances(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """(N, L) squared Euclidean distances, without an (N, L, F) intermediate."""
+    d = (
+        (points**2).sum(axis=1)[:, None]
+        - 2.0 * points @ centroids.T
+        + (centroids**2).sum(axis=1)[None, :]
+    )
+    return np.maximum(d, 0.0)
+
+
+def equal_size_assignment(
+    points: np.ndarray, centroids: np.ndarray, size: int, neighbours: int = 16
+) -> np.ndarray:
+    """Assign N = L * size points to L clusters of exactly ``size`` points each,
+    minimising the summed squared distance to the centroids (a min-cost flow).
+
+    Network: each point has supply 1 and an arc (capacity 1, cost = its squared
+    distance, scaled to an integer) to each of its ``neighbours`` nearest centroids; each
+    cluster has demand ``size``. If that sparse network admits no flow the arcs are
+    doubled until it does (at L arcs per point it is the full, always feasible network).
+
+    Returns
+    -------
+    np.ndarray
+        (N,) cluster index per point.
+
+    Raises
+    ------
+    ValueError
+        If N is not L * size.
+    RuntimeError
+        If OR-Tools fails on the full network (it should not).
+    """
+    n, n_clusters = len(points), len(centroids)
+    if n != n_clusters * size:
+        raise ValueError(f"{n} points cannot fill {n_clusters} clusters of {size}")
+    d = squared_distances(points, centroids)
+    top = float(d.max())
+    cost = np.rint(d * (_COST_SCALE / top)).astype(np.int64) if top > 0 else np.zeros_like(
+        d, dtype=np.int64)
+    width = min(max(neighbours, 1), n_clusters)
+    supplies = np.concatenate([np.ones(n, np.int64), np.full(n_clusters, -size, np.int64)])
+    while True:
+        if width < n_clusters:
+            nearest = np.argpartition(d, width - 1, axis=1)[:, :width]
+        else:
+            nearest = np.broadcast_to(np.arange(n_clusters), (n, n_clusters))
+        tails = np.repeat(np.arange(n, dtype=np.int64), width)
+        heads = nearest.reshape(-1).astype(np.int64)
+        flow = min_cost_flow.SimpleMinCostFlow()
+        arcs = flow.add_arcs_with_capacity_and_unit_cost(
+            tails, heads + n, np.ones(len(tails), np.int64), cost[tails, heads])
+        flow.set_nodes_supplies(np.arange(n + n_clusters), supplies)
+        status = flow.solve()
+        if status == flow.OPTIMAL:
+            used = flow.flows(arcs) > 0
+            labels = np.empty(n, dtype=np.int64)
+            labels[tails[used]] = heads[used]
+            return labels
+        if width == n_clusters:
+            raise RuntimeError(f"min-cost flow failed with status {status}")
+        width = min(2 * width, n_clusters)
+
+
+def class_distributions(histograms: np.ndarray, groups: list[list[int]],
+                        client_ids: list[int] | None = None) -> np.ndarray:
+    """(G, F) normalised class distribution of each group's summed histogram."""
+    v = np.asarray(histograms, dtype=np.float64)
+    index = {c: i for i, c in enumerate(client_ids)} if client_ids is not None else None
+    rows = []
+    for group in groups:
+        members = [index[c] for c in group] if index is not None else group
+        total = v[members].sum(axis=0)
+        rows.append(total / max(total.sum(), 1e-12))
+    return np.stack(rows)
+
+
+def rbf_gram(num_classes: int, sigma: float = 1.0) -> np.ndarray:
+    """Gaussian kernel between one-hot class vectors: 1 on the diagonal,
+    exp(-1/sigma^2) elsewhere (||e_i - e_j||^2 = 2).
+    """
+    off = math.exp(-2.0 / (2.0 * sigma**2))
+    return np.full((num_classes, num_classes), off) + (1.0 - off) * np.eye(num_classes)
+
+
+def cpd(p: np.ndarray, q: np.ndarray, sigma: float = 1.0) -> float:
+    """Class probability distance: MMD^2 between class distributions p and q,
+    (p - q)^T G (p - q) under the RBF kernel over one-hot classes.
+    """
+    diff = np.asarray(p, dtype=np.float64) - np.asarray(q, dtype=np.float64)
+    return float(diff @ rbf_gram(len(diff), sigma) @ diff)
+
+
+def pairwise_cpd(distributions: np.ndarray, sigma: float = 1.0) -> np.ndarray:
+    """CPD of every pair (i < j) of rows of a (G, F) distribution matrix."""
+    p = np.asarray(distributions, dtype=np.float64)
+    if len(p) < 2:
+        return np.empty(0)
+    gram = rbf_gram(p.shape[1], sigma)
+    sq = np.einsum("if,fg,ig->i", p, gram, p)
+    cross = p @ gram @ p.T
+    full = sq[:, None] + sq[None, :] - 2 * cross
+    i, j = np.triu_indices(len(p), k=1)
+    return np.maximum(full[i, j], 0.0)

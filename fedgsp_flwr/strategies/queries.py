@@ -1,0 +1,113 @@
+"""Asking nodes for their metadata (class histograms, sketches) through the Grid."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from logging import WARNING
+
+import numpy as np
+from flwr.app import Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+MAX_HISTOGRAM_COUNT = 10**9
+
+
+def collect_replies(
+    grid: Grid,
+    messages: Sequence[Message],
+    timeout: float,
+    poll_interval: float = 0.02,
+) -> dict[int, Message]:
+    """Push messages and poll until every node replied or ``timeout`` passed.
+
+    Returns
+    -------
+    dict[int, Message]
+        Replies by destination node id; nodes that did not reply in time are absent.
+    """
+    ids = list(grid.push_messages(list(messages)))
+    node_of = {mid: msg.metadata.dst_node_id for mid, msg in zip(ids, messages, strict=True)}
+    replies: dict[int, Message] = {}
+    deadline = time.monotonic() + timeout
+    while node_of and time.monotonic() < deadline:
+        batch = list(grid.pull_messages(list(node_of)))
+        for reply in batch:
+            node = node_of.pop(reply.metadata.reply_to_message_id, None)
+            if node is not None:
+                replies[node] = reply
+        if not batch and node_of:
+            time.sleep(poll_interval)
+    return replies
+
+
+def histogram_problem(reply: Message, num_classes: int | None) -> str | None:
+    """Why a ``query.histogram`` reply is unusable, or ``None``."""
+    if reply.has_error():
+        return f"error reply: {reply.error.reason}"
+    try:
+        hist = reply.content.array_records["histogram"]["histogram"].numpy()
+    except KeyError:
+        return "no ArrayRecord 'histogram' with an array 'histogram'"
+    if hist.ndim != 1 or len(hist) == 0:
+        return f"histogram must be a non-empty vector, got shape {hist.shape}"
+    if num_classes is not None and len(hist) != num_classes:
+        return f"histogram has {len(hist)} classes, expected {num_classes}"
+    values = hist.astype(np.float64)
+    if not np.isfinite(values).all() or (values < 0).any():
+        return "histogram has negative, NaN or inf counts"
+    if not np.array_equal(values, np.round(values)):
+        return "histogram counts are not integers"
+    if values.sum() <= 0 or values.sum() > MAX_HISTOGRAM_COUNT:
+        return f"histogram total {values.sum():g} is not in (0, {MAX_HISTOGRAM_COUNT}]"
+    return None
+
+
+def query_histograms(
+    grid: Grid,
+    node_ids: Sequence[int],
+    timeout: float,
+    num_classes: int | None = None,
+    make_message: Callable[[int], Message] | None = None,
+) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+    """Ask nodes for their class histograms with ``query.histogram``.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid.
+    node_ids : Sequence[int]
+        Nodes to ask.
+    timeout : float
+        Seconds to wait for all replies.
+    num_classes : int | None
+        Expected histogram length (the first valid reply's if ``None``).
+    make_message : Callable[[int], Message] | None
+        Builds the query for a node (default: an empty ``query.histogram``).
+
+    Returns
+    -------
+    tuple[dict[int, np.ndarray], dict[int, str]]
+        Histograms by node, and the reason for every node without one.
+    """
+    build = make_message or (lambda node: Message(
+        content=RecordDict(), dst_node_id=node, message_type="query.histogram"))
+    replies = collect_replies(grid, [build(n) for n in node_ids], timeout)
+    histograms: dict[int, np.ndarray] = {}
+    failed: dict[int, str] = {}
+    for node in node_ids:
+        reply = replies.get(node)
+        if reply is None:
+            failed[node] = f"no reply within {timeout:g}s"
+            continue
+        problem = histogram_problem(reply, num_classes)
+        if problem is None:
+            hist = reply.content.array_records["histogram"]["histogram"].numpy()
+            histograms[node] = hist.astype(np.int64)
+            num_classes = len(hist)
+        else:
+            failed[node] = problem
+    for node, reason in failed.items():
+        log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
+    return histograms, failed

@@ -1,0 +1,220 @@
+"""Sequential-relay engine shared by FedGSP and Semi-FL.
+
+Each group is a chain of nodes: the first node trains the model it is sent, the server
+forwards the result to the next node, and so on; the last trained model is the group's
+result. All chains run at once through the Grid's ``push_messages``/``pull_messages``
+(never ``send_and_receive``, which sleeps 3 s between polls in deployment): a hop's
+reply is forwarded as soon as it arrives, independent of the other chains.
+
+A node that fails, times out or returns an unsound reply is skipped: the model it was
+given goes on to the next node, so nothing already trained is lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from .replies import reply_problem
+
+HOP_OK = "ok"
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One hop of a chain.
+
+    Attributes
+    ----------
+    node_id : int
+        The node that was asked to train.
+    position : int
+        Index of the hop in its chain.
+    status : str
+        ``ok``, ``error``, ``rejected`` or ``timeout``.
+    reason : str
+        Why the hop was skipped ('' when ok).
+    latency : float
+        Seconds from push to reply (or to the timeout).
+    bytes_sent, bytes_received : int
+        Array bytes of the message and of the reply.
+    num_examples : int
+        Examples the node trained on (0 when skipped).
+    metrics : dict[str, float]
+        The reply's metrics.
+    """
+
+    node_id: int
+    position: int
+    status: str
+    reason: str = ""
+    latency: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    num_examples: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ChainResult:
+    """What one chain produced.
+
+    Attributes
+    ----------
+    group : int
+        The chain's index.
+    nodes : list[int]
+        The chain's nodes, in order.
+    arrays : ArrayRecord
+        The model after the last successful hop (the start model if none succeeded).
+    hops : list[Hop]
+        Every hop attempted.
+    """
+
+    group: int
+    nodes: list[int]
+    arrays: ArrayRecord
+    hops: list[Hop] = field(default_factory=list)
+
+    @property
+    def num_examples(self) -> int:
+        """Examples trained on along the chain."""
+        return sum(h.num_examples for h in self.hops)
+
+    @property
+    def trained(self) -> bool:
+        """Whether at least one hop succeeded."""
+        return any(h.status == HOP_OK for h in self.hops)
+
+    @property
+    def skipped(self) -> list[int]:
+        """Nodes whose hop failed, timed out or was rejected."""
+        return [h.node_id for h in self.hops if h.status != HOP_OK]
+
+    def mean_metric(self, key: str) -> float | None:
+        """Example-weighted mean of a numeric metric over the successful hops."""
+        pairs = [(h.metrics[key], h.num_examples) for h in self.hops
+                 if h.status == HOP_OK and key in h.metrics]
+        total = sum(n for _, n in pairs)
+        return sum(v * n for v, n in pairs) / total if total else None
+
+
+@dataclass
+class _Chain:
+    result: ChainResult
+    next_position: int = 0
+    message_id: str = ""
+    sent_at: float = 0.0
+    bytes_sent: int = 0
+
+
+def run_relay(
+    grid: Grid,
+    groups: Sequence[Sequence[int]],
+    arrays: ArrayRecord,
+    config: ConfigRecord,
+    *,
+    hop_timeout: float,
+    message_type: str = "train.relay",
+    weighted_by_key: str = "num-examples",
+    poll_interval: float = 0.02,
+) -> list[ChainResult]:
+    """Run every group's chain, all in parallel, and return one result per group.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid.
+    groups : Sequence[Sequence[int]]
+        Node ids of each chain, in training order.
+    arrays : ArrayRecord
+        The model every chain starts from.
+    config : ConfigRecord
+        Training config sent with every hop; each hop adds ``relay-group`` and
+        ``relay-hop``.
+    hop_timeout : float
+        Seconds a node may take for one hop before it is skipped.
+    message_type : str
+        ``train.relay`` (our handler) or ``train`` (any ClientApp's train handler).
+    weighted_by_key : str
+        Metric holding the number of examples a node trained on.
+    poll_interval : float
+        Seconds between polls when no reply arrived.
+
+    Returns
+    -------
+    list[ChainResult]
+        In the order of ``groups``.
+    """
+    chains = [_Chain(ChainResult(g, list(nodes), arrays)) for g, nodes in enumerate(groups)]
+    waiting: dict[str, _Chain] = {}
+
+    def send_next(chain: _Chain) -> None:
+        position = chain.next_position
+        if position >= len(chain.result.nodes):
+            return
+        hop_config = ConfigRecord(dict(config))
+        hop_config["relay-group"] = chain.result.group
+        hop_config["relay-hop"] = position
+        content = RecordDict({"arrays": chain.result.arrays, "config": hop_config})
+        message = Message(content=content, dst_node_id=chain.result.nodes[position],
+                          message_type=message_type)
+        (message_id,) = list(grid.push_messages([message]))
+        chain.message_id, chain.sent_at = message_id, time.monotonic()
+        chain.bytes_sent = chain.result.arrays.count_bytes()
+        waiting[message_id] = chain
+
+    def finish_hop(chain: _Chain, hop: Hop) -> None:
+        chain.result.hops.append(hop)
+        if hop.status != HOP_OK:
+            log(WARNING, "relay group %d: skipped node %d at hop %d (%s); its model goes on",
+                chain.result.group, hop.node_id, hop.position, hop.reason)
+        chain.next_position += 1
+        send_next(chain)
+
+    for chain in chains:
+        send_next(chain)
+    while waiting:
+        replies = list(grid.pull_messages(list(waiting)))
+        now = time.monotonic()
+        for reply in replies:
+            answered = waiting.pop(reply.metadata.reply_to_message_id, None)
+            if answered is None:
+                continue  # a late reply to a hop that already timed out
+            finish_hop(answered, _hop_from_reply(answered, reply, now, weighted_by_key))
+        for message_id, chain in list(waiting.items()):
+            if now - chain.sent_at > hop_timeout:
+                del waiting[message_id]
+                node = chain.result.nodes[chain.next_position]
+                finish_hop(chain, Hop(node, chain.next_position, "timeout",
+                                      f"no reply within {hop_timeout:g}s",
+                                      now - chain.sent_at, chain.bytes_sent))
+        if not replies and waiting:
+            time.sleep(poll_interval)
+    done = sum(c.result.trained for c in chains)
+    log(INFO, "relay: %d/%d groups trained, %d hops skipped", done, len(chains),
+        sum(len(c.result.skipped) for c in chains))
+    return [c.result for c in chains]
+
+
+def _hop_from_reply(chain: _Chain, reply: Message, now: float, weighted_by_key: str) -> Hop:
+    node, position = chain.result.nodes[chain.next_position], chain.next_position
+    latency = now - chain.sent_at
+    problem = reply_problem(reply, reference=chain.result.arrays,
+                            weighted_by_key=weighted_by_key, require_arrays=True)
+    if problem is not None:
+        status = "error" if reply.has_error() else "rejected"
+        return Hop(node, position, status, problem, latency, chain.bytes_sent)
+    trained = next(iter(reply.content.array_records.values()))
+    metrics: MetricRecord = next(iter(reply.content.metric_records.values()))
+    chain.result.arrays = trained
+    plain: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    return Hop(node, position, HOP_OK, "", latency, chain.bytes_sent, trained.count_bytes(),
+               int(metrics[weighted_by_key]), plain)  # type: ignore[arg-type]  # checked

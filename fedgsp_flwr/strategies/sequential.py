@@ -1,0 +1,151 @@
+"""Base class of strategies that train through sequential relay chains."""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections.abc import Iterable, Sequence
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from .fedavg import FedAvg
+from .relay import ChainResult, run_relay
+
+RELAY_MESSAGE_TYPES = ("train.relay", "train")
+
+
+class RelayStrategy(FedAvg):
+    """A FedAvg whose training rounds run as sequential chains of nodes.
+
+    Flower's ``Strategy.start`` loop is kept: :meth:`configure_train` runs the round's
+    chains through :func:`~fedgsp_flwr.strategies.relay.run_relay` (which needs many
+    push/pull exchanges, not one ``send_and_receive``) and returns no messages;
+    :meth:`aggregate_train` then returns the average of the chains' models. Evaluation
+    is FedAvg's.
+
+    Parameters
+    ----------
+    hop_timeout : float (default: 600.0)
+        Seconds a node may take for one hop before it is skipped.
+    relay_message_type : str (default: "train.relay")
+        ``train.relay`` (our handler) or ``train`` (any ClientApp's train handler).
+    weighted_average : bool (default: True)
+        Average the chains' models weighted by the examples trained along each chain;
+        ``False`` takes the uniform mean.
+    local_epochs : int (default: 1)
+        Local epochs per hop, sent as ``local-epochs`` in every hop's config.
+    seed : int (default: 0)
+        Seed of the strategy's own random choices (grouping, sampling, order).
+    **kwargs : Any
+        FedAvg's parameters (sampling of evaluation nodes, keys, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        hop_timeout: float = 600.0,
+        relay_message_type: str = "train.relay",
+        weighted_average: bool = True,
+        local_epochs: int = 1,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if hop_timeout <= 0:
+            raise ValueError(f"hop_timeout must be > 0, got {hop_timeout}")
+        if relay_message_type not in RELAY_MESSAGE_TYPES:
+            raise ValueError(
+                f"relay_message_type must be one of {RELAY_MESSAGE_TYPES}, "
+                f"got {relay_message_type!r}"
+            )
+        if local_epochs < 1:
+            raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+        self.hop_timeout = hop_timeout
+        self.relay_message_type = relay_message_type
+        self.weighted_average = weighted_average
+        self.local_epochs = local_epochs
+        self.rng = np.random.default_rng(seed)
+        self._round_result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
+
+    @abstractmethod
+    def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
+        """Return this round's chains (node ids in training order) and round metrics."""
+
+    def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
+        """A method's own estimate of a round's traffic, reported beside the measured."""
+        return {}
+
+    def summary(self) -> None:
+        """Log the relay settings, then FedAvg's."""
+        log(INFO, "\t├──> Relay: message '%s', hop timeout %gs, %s average, %d local epochs",
+            self.relay_message_type, self.hop_timeout,
+            "example-weighted" if self.weighted_average else "uniform", self.local_epochs)
+        super().summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Run the round's relay chains; the round's result waits for aggregate_train."""
+        chains, metrics = self.make_chains(server_round, grid)
+        hop_config = ConfigRecord(dict(config))
+        hop_config["server-round"] = server_round
+        hop_config["local-epochs"] = self.local_epochs
+        started = time.monotonic()
+        results = run_relay(grid, chains, arrays, hop_config, hop_timeout=self.hop_timeout,
+                            message_type=self.relay_message_type,
+                            weighted_by_key=self.weighted_by_key)
+        metrics.update(relay_metrics(results, time.monotonic() - started))
+        metrics.update(self.traffic_estimate(arrays.count_bytes()))
+        self._round_result = (self.average(results), MetricRecord(metrics))
+        self._record(server_round, "train", self._round_result[1], len(
+            [r for r in results if r.trained]), {n: "skipped" for r in results
+                                                 for n in r.skipped})
+        return []
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Return the average of this round's chain models (computed in configure_train)."""
+        result, self._round_result = self._round_result, (None, None)
+        return result
+
+    def average(self, results: Sequence[ChainResult]) -> ArrayRecord | None:
+        """Average the trained chains' models (example-weighted or uniform)."""
+        trained = [r for r in results if r.trained]
+        if not trained:
+            return None
+        weights = np.array([r.num_examples if self.weighted_average else 1.0
+                            for r in trained], dtype=np.float64)
+        weights /= weights.sum()
+        keys = list(trained[0].arrays.keys())
+        return ArrayRecord({
+            key: Array(sum(w * r.arrays[key].numpy() for w, r in zip(weights, trained,
+                                                                     strict=True)).astype(
+                trained[0].arrays[key].numpy().dtype))
+            for key in keys
+        })
+
+
+def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, Any]:
+    """Per-round relay figures: groups trained, hops, skips, bytes, time, loss."""
+    hops = [h for r in results for h in r.hops]
+    examples = sum(r.num_examples for r in results)
+    losses = [(loss, r.num_examples) for r in results
+              if (loss := r.mean_metric("train-loss")) is not None]
+    metrics: dict[str, Any] = {
+        "groups-trained": sum(r.trained for r in results),
+        "hops": len(hops),
+        "skipped-nodes": sum(len(r.skipped) for r in results),
+        "bytes-sent": sum(h.bytes_sent for h in hops),
+        "bytes-received": sum(h.bytes_received for h in hops),
+        "relay-time": seconds,
+        "hop-latency-mean": float(np.mean([h.latency for h in hops])) if hops else 0.0,
+    }
+    if losses and examples:
+        metrics["train-loss"] = sum(v * n for v, n in losses) / sum(n for _, n in losses)
+    return metrics
