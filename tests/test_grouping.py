@@ -13,6 +13,7 @@ from fedgsp_flwr.strategies.grouping import (
     class_distributions,
     cpd,
     equal_size_assignment,
+    greedy_balanced_assignment,
     icg,
     num_groups,
     pairwise_cpd,
@@ -169,3 +170,17 @@ def test_balance_groups_reaches_the_best_arrangement_of_a_tiny_case() -> None:
     table = np.array([[0, 2], [1, 3]])  # group 0 = {0, 2} (both class-0 heavy)
     best = balance_groups(v, table)
     assert sorted(map(sorted, best.tolist())) == [[0, 3], [1, 2]]
+
+
+def test_greedy_balanced_assignment_is_balanced_and_near_greedy() -> None:
+    rng = np.random.default_rng(3)
+    d = rng.random((60, 6))
+    labels = greedy_balanced_assignment(d, 10)
+    assert np.bincount(labels, minlength=6).tolist() == [10] * 6
+    # with room everywhere it is the plain nearest-cluster assignment
+    near = np.repeat(np.eye(3), 4, axis=0)  # 12 clients, 4 nearest to each cluster
+    np.testing.assert_array_equal(greedy_balanced_assignment(1 - near, 4),
+                                  np.repeat(np.arange(3), 4))
+    # the client with most to lose gets its first choice
+    d = np.array([[0.0, 10.0], [0.0, 0.5], [1.0, 1.0], [2.0, 2.0]])
+    assert greedy_balanced_assignment(d, 2)[0] == 0

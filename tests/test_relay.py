@@ -107,3 +107,17 @@ def test_hops_use_the_configured_message_type(message_type: str) -> None:
     grid = FakeGrid({1: adder(1)})
     run_relay(grid, [[1]], START, ConfigRecord(), hop_timeout=5, message_type=message_type)
     assert grid.pushed[0][2] == message_type
+
+
+def test_a_node_that_cannot_be_reached_is_skipped() -> None:
+    class GoneGrid(FakeGrid):
+        def push_messages(self, messages):  # noqa: ANN001, ANN201 - Grid interface
+            messages = list(messages)
+            if messages[0].metadata.dst_node_id == 2:
+                raise ConnectionError("node 2 disconnected")
+            return super().push_messages(messages)
+
+    grid = GoneGrid({1: adder(1), 2: adder(50), 3: adder(100)})
+    (result,) = run_relay(grid, [[1, 2, 3]], START, ConfigRecord(), hop_timeout=5)
+    assert result.skipped == [2] and "disconnected" in result.hops[1].reason
+    np.testing.assert_array_equal(result.arrays["w"].numpy(), [101] * 3)

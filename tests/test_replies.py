@@ -129,3 +129,15 @@ def test_configure_train_remembers_the_model_sent() -> None:
     messages = list(strategy.configure_train(1, REFERENCE, ConfigRecord(), OneNodeGrid()))
     assert {m.metadata.dst_node_id for m in messages} == {5, 6}
     assert strategy._sent_arrays is REFERENCE
+
+
+def test_aggregation_does_not_depend_on_reply_order() -> None:
+    rng = np.random.default_rng(0)
+    replies = [reply(n, rng.normal(size=(2, 2)).astype(np.float32), n=int(rng.integers(1, 99)))
+               for n in range(1, 8)]
+    results = []
+    for order in (replies, replies[::-1], replies[3:] + replies[:3]):
+        strategy = FedAvg()
+        strategy._sent_arrays = REFERENCE
+        results.append(strategy.aggregate_train(1, list(order))[0]["w"].numpy())
+    assert all(np.array_equal(results[0], other) for other in results[1:])

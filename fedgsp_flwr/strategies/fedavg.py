@@ -48,6 +48,9 @@ class ValidatedAggregation:
             require_arrays=True,
             stage="aggregate_train",
         )
+        # Float sums depend on their order and replies arrive in any order: sort them
+        # by content so that a seed gives the same model bit for bit.
+        sound.sort(key=lambda m: next(iter(m.content.array_records.values())).object_id)
         arrays, metrics = super().aggregate_train(server_round, sound)  # type: ignore[misc]
         self._record(server_round, "train", metrics, len(sound), rejected)
         return arrays, metrics
@@ -63,6 +66,8 @@ class ValidatedAggregation:
             require_arrays=False,
             stage="aggregate_evaluate",
         )
+        sound.sort(key=lambda m: sorted(
+            next(iter(m.content.metric_records.values())).items()))
         metrics = super().aggregate_evaluate(server_round, sound)  # type: ignore[misc]
         self._record(server_round, "evaluate", metrics, len(sound), rejected)
         return metrics

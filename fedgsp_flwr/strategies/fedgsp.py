@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from .grouping import (
     GROWTH_FUNCTIONS,
@@ -151,7 +152,8 @@ class FedGSP(RelayStrategy):
 
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
         """Regroup the connected nodes, sample groups with kappa, shuffle their order."""
-        nodes = sorted(grid.get_node_ids())
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
+        nodes = sorted(connected)
         self._connected = len(nodes)
         self.refresh_histograms(grid, nodes)  # also for random grouping: its CPD is reported
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,

@@ -100,7 +100,7 @@ def icg(
     max_iter: int = 10,
     normalize: bool = False,
     leftover: str = "distribute",
-    neighbours: int = 16,
+    neighbours: int = 8,
     balance: bool = False,
 ) -> ICGResult:
     """Inter-Cluster Grouping (FedGSP, Algorithm 2).
@@ -167,11 +167,15 @@ def icg(
         return ICGResult([[ids[i]] for i in rng.permutation(k)], [list(ids)], [], [], 0, 0.0)
     n_clusters = k // m
     size = k // n_clusters
-    chosen = np.sort(rng.choice(k, n_clusters * size, replace=False))
-    outside = np.setdiff1d(np.arange(k), chosen)
+    in_clusters = np.zeros(k, dtype=bool)
+    in_clusters[rng.choice(k, n_clusters * size, replace=False)] = True
+    chosen, outside = np.flatnonzero(in_clusters), np.flatnonzero(~in_clusters)
     points = v[chosen]
-    centroids = _kmeans_pp(points, n_clusters, rng)
-    labels = np.full(len(points), -1)
+    # k-means++ seeds, then one cheap balanced assignment: the exact min-cost-flow
+    # steps start from centroids of equal-size clusters (far fewer augmentations).
+    seeds = _kmeans_pp(points, n_clusters, rng)
+    labels = greedy_balanced_assignment(squared_distances(points, seeds), size)
+    centroids = _cluster_means(points, labels, n_clusters)
     iterations = 0
     while iterations < max_iter:
         iterations += 1
@@ -179,7 +183,7 @@ def icg(
         if np.array_equal(new_labels, labels):
             break
         labels = new_labels
-        centroids = np.stack([points[labels == c].mean(axis=0) for c in range(n_clusters)])
+        centroids = _cluster_means(points, labels, n_clusters)
     objective = 0.5 * float(((points - centroids[labels]) ** 2).sum())
     clusters = [chosen[labels == c] for c in range(n_clusters)]
     drawn = [rng.permutation(members) for members in clusters]
@@ -268,6 +272,14 @@ def balance_groups(
     return table
 
 
+def _cluster_means(points: np.ndarray, labels: np.ndarray, n_clusters: int) -> np.ndarray:
+    """Mean of each cluster's points (clusters are non-empty: equal sizes)."""
+    order = np.argsort(labels, kind="stable")
+    counts = np.bincount(labels, minlength=n_clusters)
+    sums = np.add.reduceat(points[order], np.concatenate([[0], np.cumsum(counts)[:-1]]))
+    return sums / counts[:, None]
+
+
 def _kmeans_pp(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """k-means++ seeding: each next centre drawn with probability ~ squared distance."""
     centres = [points[rng.integers(len(points))]]
@@ -278,6 +290,45 @@ def _kmeans_pp(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarr
         centres.append(points[idx])
         d2 = np.minimum(d2, ((points - points[idx]) ** 2).sum(axis=1))
     return np.stack(centres)
+
+
+def greedy_balanced_assignment(d: np.ndarray, size: int) -> np.ndarray:
+    """Fast equal-size assignment by regret-ordered greedy filling (a warm start).
+
+    Clients are taken in decreasing order of regret (their second-best minus best cost)
+    and each goes to its nearest cluster that still has room. The result is balanced
+    but not cost-optimal; ICG uses it only to place the first centroids before the
+    exact min-cost-flow steps.
+
+    Parameters
+    ----------
+    d : np.ndarray
+        (N, L) costs with N = L * size.
+    size : int
+        Clients per cluster.
+
+    Returns
+    -------
+    np.ndarray
+        (N,) cluster index per client.
+    """
+    n, n_clusters = d.shape
+    preference = np.argsort(d, axis=1, kind="stable")
+    if n_clusters > 1:
+        ranked = np.take_along_axis(d, preference[:, :2], axis=1)
+        order = np.argsort(ranked[:, 0] - ranked[:, 1], kind="stable")  # largest regret first
+    else:
+        order = np.arange(n)
+    room = [size] * n_clusters
+    labels = np.empty(n, dtype=np.int64)
+    rows = preference.tolist()
+    for client in order.tolist():
+        for cluster in rows[client]:
+            if room[cluster]:
+                room[cluster] -= 1
+                labels[client] = cluster
+                break
+    return labels
 
 
 def squared_distances(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:

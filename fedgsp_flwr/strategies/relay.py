@@ -164,9 +164,18 @@ def run_relay(
         hop_config["relay-group"] = chain.result.group
         hop_config["relay-hop"] = position
         content = RecordDict({"arrays": chain.result.arrays, "config": hop_config})
-        message = Message(content=content, dst_node_id=chain.result.nodes[position],
-                          message_type=message_type)
-        (message_id,) = list(grid.push_messages([message]))
+        node = chain.result.nodes[position]
+        message = Message(content=content, dst_node_id=node, message_type=message_type)
+        try:
+            pushed = list(grid.push_messages([message]))
+        except Exception as err:  # noqa: BLE001 - a node gone between rounds: skip it
+            pushed, reason = [], f"push failed: {err}"
+        else:
+            reason = "push returned no message id"
+        if not pushed:
+            finish_hop(chain, Hop(node, position, "error", reason))
+            return
+        message_id = pushed[0]
         chain.message_id, chain.sent_at = message_id, time.monotonic()
         chain.bytes_sent = chain.result.arrays.count_bytes()
         waiting[message_id] = chain
