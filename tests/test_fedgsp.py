@@ -126,3 +126,23 @@ def test_plain_train_messages_let_any_clientapp_relay() -> None:
 def test_parameters_are_validated(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         FedGSP(**kwargs)
+
+
+def test_groups_do_not_depend_on_the_random_node_ids() -> None:
+    """Same partitions under other node ids (as in every new run): same chains."""
+
+    def chains_with(ids: list[int]) -> list[list[int]]:
+        handlers = {}
+        for pid, node in enumerate(ids):
+            hooks = ClientHooks(load_data=lambda _c, p=pid: node_data(p), build_model=model)
+            app = register_hooks(ClientApp(), hooks, handlers=HANDLERS)
+            handlers[node] = lambda m, a=app, c=make_context(pid, len(ids)): a(m, c)
+        strategy = FedGSP(num_groups=3, kappa=1.0, seed=4, fraction_evaluate=0.0)
+        chains, _ = strategy.make_chains(1, FakeGrid(handlers))
+        partition_of = {node: pid for pid, node in enumerate(ids)}
+        return [[partition_of[n] for n in chain] for chain in chains]
+
+    rng = np.random.default_rng(0)
+    first = [int(x) for x in rng.choice(2**62, 12, replace=False)]
+    second = [int(x) for x in rng.choice(2**62, 12, replace=False)]
+    assert chains_with(first) == chains_with(second)

@@ -40,6 +40,7 @@ def test_histogram_equals_the_partitions_label_counts(app: ClientApp) -> None:
         hist = reply.content.array_records["histogram"]["histogram"].numpy()
         np.testing.assert_array_equal(hist, np.bincount(data.y_train, minlength=3))
         assert reply.content["metrics"]["num-examples"] == len(data.y_train)
+        assert reply.content["metrics"]["partition-id"] == pid
 
 
 def test_sketch_is_a_unit_vector_and_repeatable(app: ClientApp) -> None:

@@ -11,10 +11,10 @@ Message types and contents (record keys are constants of this module):
     in: ``arrays``. out: ``metrics`` (``eval-loss``, ``eval-acc``, ``num-examples``).
 ``query.histogram``
     in: nothing. out: ``histogram`` (ArrayRecord with one int64 array of label counts),
-    ``metrics`` (``num-examples``).
+    ``metrics`` (``num-examples``, and ``partition-id`` if the node config has one).
 ``query.sketch``
     in: ``arrays`` (the anchor model). out: ``sketch`` (ArrayRecord with one float32
-    unit-norm vector), ``metrics`` (``num-examples``).
+    unit-norm vector), ``metrics`` (``num-examples``, ``partition-id`` as above).
 
 A handler raises on bad input (no model in the message, arrays that do not fit the
 model); Flower turns the exception into an error reply that strategies skip.
@@ -191,13 +191,20 @@ def local_seed(context: Context, config: ConfigRecord) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
 
 
-def _vector_reply(message: Message, key: str, vector: Any, num_examples: int) -> Message:
-    """Reply with one array under ``key`` (record and array) and the node's weight."""
+def _vector_reply(
+    message: Message, context: Context, key: str, vector: Any, num_examples: int
+) -> Message:
+    """Reply with one array under ``key`` (record and array) and the node's weight.
+
+    The node's ``partition-id``, when its node config has one, goes along: it gives
+    servers an order of nodes that is the same in every run (node ids are random).
+    """
+    metrics = MetricRecord({"num-examples": num_examples})
+    partition = context.node_config.get("partition-id")
+    if isinstance(partition, int) and not isinstance(partition, bool):
+        metrics["partition-id"] = partition
     content = RecordDict(
-        {
-            key: ArrayRecord({key: Array(vector)}),
-            METRICS_KEY: MetricRecord({"num-examples": num_examples}),
-        }
+        {key: ArrayRecord({key: Array(vector)}), METRICS_KEY: metrics}
     )
     return Message(content=content, reply_to=message)
 
@@ -263,7 +270,8 @@ def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
 
     def handle(message: Message, context: Context) -> Message:
         data = hooks.load_data(context)
-        return _vector_reply(message, HISTOGRAM_KEY, data.histogram(), len(data.y_train))
+        return _vector_reply(message, context, HISTOGRAM_KEY, data.histogram(),
+                             len(data.y_train))
 
     return handle
 
@@ -275,6 +283,6 @@ def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mess
         data = hooks.load_data(context)
         model = _model_from_message(message, hooks, context, data)
         sketch = normalized_gradient(model, data.x_train, data.y_train)
-        return _vector_reply(message, SKETCH_KEY, sketch, len(data.y_train))
+        return _vector_reply(message, context, SKETCH_KEY, sketch, len(data.y_train))
 
     return handle

@@ -112,6 +112,7 @@ class FedGSP(RelayStrategy):
         self.histograms: dict[int, np.ndarray] = {}
         self._connected = 0
         self.without_histogram: dict[int, str] = {}
+        self.partition_ids: dict[int, int] = {}
 
     def summary(self) -> None:
         """Log FedGSP's settings, then the relay's and FedAvg's."""
@@ -127,13 +128,21 @@ class FedGSP(RelayStrategy):
         if not new:
             return
         known = next(iter(self.histograms.values()), None)
-        got, failed = query_histograms(grid, new, self.histogram_timeout,
-                                       None if known is None else len(known))
-        self.histograms.update(got)
-        self.without_histogram.update(failed)
-        if failed:
+        replies = query_histograms(grid, new, self.histogram_timeout,
+                                   None if known is None else len(known))
+        self.histograms.update(replies.histograms)
+        self.partition_ids.update(replies.partition_ids)
+        self.without_histogram.update(replies.failed)
+        if replies.failed:
             log(WARNING, "FedGSP: %d node(s) without a histogram are grouped at random",
-                len(failed))
+                len(replies.failed))
+
+    def node_order(self, nodes: list[int]) -> list[int]:
+        """Nodes by reported partition id, then node id: the same order in every run
+        of a seed wherever nodes report their partition (node ids are random).
+        """
+        return sorted(nodes, key=lambda n: (n not in self.partition_ids,
+                                            self.partition_ids.get(n, 0), n))
 
     def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
         """The paper's traffic per round (Eq. 17 with R = 1): 2 kappa K |model| bytes."""
@@ -153,9 +162,9 @@ class FedGSP(RelayStrategy):
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
         """Regroup the connected nodes, sample groups with kappa, shuffle their order."""
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        nodes = sorted(connected)
-        self._connected = len(nodes)
-        self.refresh_histograms(grid, nodes)  # also for random grouping: its CPD is reported
+        self._connected = len(connected)
+        self.refresh_histograms(grid, connected)  # random grouping too: its CPD is reported
+        nodes = self.node_order(connected)
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
                                               self.beta, len(nodes)), len(nodes))
         with_hist = [n for n in nodes if n in self.histograms]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
@@ -64,13 +65,32 @@ def histogram_problem(reply: Message, num_classes: int | None) -> str | None:
     return None
 
 
+@dataclass
+class HistogramReplies:
+    """What :func:`query_histograms` collected.
+
+    Attributes
+    ----------
+    histograms : dict[int, np.ndarray]
+        Label counts by node id.
+    failed : dict[int, str]
+        Why each other node has none.
+    partition_ids : dict[int, int]
+        The ``partition-id`` nodes reported (for a run-independent node order).
+    """
+
+    histograms: dict[int, np.ndarray] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    partition_ids: dict[int, int] = field(default_factory=dict)
+
+
 def query_histograms(
     grid: Grid,
     node_ids: Sequence[int],
     timeout: float,
     num_classes: int | None = None,
     make_message: Callable[[int], Message] | None = None,
-) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+) -> HistogramReplies:
     """Ask nodes for their class histograms with ``query.histogram``.
 
     Parameters
@@ -88,26 +108,29 @@ def query_histograms(
 
     Returns
     -------
-    tuple[dict[int, np.ndarray], dict[int, str]]
-        Histograms by node, and the reason for every node without one.
+    HistogramReplies
+        Histograms, reasons for the nodes without one, reported partition ids.
     """
     build = make_message or (lambda node: Message(
         content=RecordDict(), dst_node_id=node, message_type="query.histogram"))
     replies = collect_replies(grid, [build(n) for n in node_ids], timeout)
-    histograms: dict[int, np.ndarray] = {}
-    failed: dict[int, str] = {}
+    out = HistogramReplies()
     for node in node_ids:
         reply = replies.get(node)
         if reply is None:
-            failed[node] = f"no reply within {timeout:g}s"
+            out.failed[node] = f"no reply within {timeout:g}s"
             continue
         problem = histogram_problem(reply, num_classes)
         if problem is None:
             hist = reply.content.array_records["histogram"]["histogram"].numpy()
-            histograms[node] = hist.astype(np.int64)
+            out.histograms[node] = hist.astype(np.int64)
             num_classes = len(hist)
+            metrics = reply.content.metric_records.get("metrics")
+            partition = None if metrics is None else metrics.get("partition-id")
+            if isinstance(partition, int):
+                out.partition_ids[node] = partition
         else:
-            failed[node] = problem
-    for node, reason in failed.items():
+            out.failed[node] = problem
+    for node, reason in out.failed.items():
         log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
-    return histograms, failed
+    return out
