@@ -17,6 +17,8 @@ from .grouping import (
     icg,
     num_groups,
     pairwise_cpd,
+    random_groups,
+    spread,
 )
 from .queries import query_histograms
 from .sequential import RelayStrategy
@@ -175,12 +177,12 @@ class FedGSP(RelayStrategy):
                          leftover=self.icg_leftover, balance=self.icg_balance)
             groups = result.groups + [[] for _ in range(m - len(result.groups))]
             rest = [n for n in nodes if n not in self.histograms]
+            for i, g in zip(self.rng.permutation(len(rest)), spread(self.rng, m, len(rest)),
+                            strict=True):
+                groups[g].append(rest[i])
+            groups = [g for g in groups if g]
         else:
-            groups, rest = [[] for _ in range(m)], nodes
-        for i, g in zip(self.rng.permutation(len(rest)), _spread(self.rng, m, len(rest)),
-                        strict=True):
-            groups[g].append(rest[i])
-        groups = [g for g in groups if g]
+            groups = random_groups(nodes, m, self.rng)
         metrics: dict[str, Any] = {"num-groups": len(groups)}
         metrics.update(self.cpd_metrics(groups))
         sampled = self.rng.choice(len(groups), max(1, round(self.kappa * len(groups))),
@@ -191,8 +193,3 @@ class FedGSP(RelayStrategy):
             len(nodes), len(groups), len(chains))
         return chains, metrics
 
-
-def _spread(rng: np.random.Generator, m: int, count: int) -> np.ndarray:
-    """Group indices for ``count`` extra nodes, spread as evenly as possible."""
-    rounds = count // m + 1
-    return np.concatenate([rng.permutation(m) for _ in range(rounds)])[:count]

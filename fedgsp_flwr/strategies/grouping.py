@@ -63,6 +63,13 @@ def random_groups(client_ids: list[int], m: int, rng: np.random.Generator) -> li
     return [[ids[i] for i in chunk] for chunk in np.array_split(order, m)] if m else []
 
 
+def spread(rng: np.random.Generator, m: int, count: int) -> np.ndarray:
+    """Random group indices for ``count`` extra members, at most one more per group
+    than any other group receives.
+    """
+    return np.concatenate([rng.permutation(m) for _ in range(count // m + 1)])[:count]
+
+
 @dataclass(frozen=True)
 class ICGResult:
     """Outcome of :func:`icg`.
@@ -194,8 +201,7 @@ def icg(
     extra = [int(x) for d in drawn for x in d[m:]] + [int(x) for x in outside]
     dropped: list[int] = []
     if leftover == "distribute":
-        targets = np.concatenate([rng.permutation(m) for _ in range(len(extra) // m + 1)])
-        for client, g in zip(extra, targets, strict=False):
+        for client, g in zip(extra, spread(rng, m, len(extra)), strict=True):
             groups[int(g)].append(client)
     else:
         dropped = extra
