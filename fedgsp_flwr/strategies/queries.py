@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -89,7 +89,6 @@ def query_histograms(
     node_ids: Sequence[int],
     timeout: float,
     num_classes: int | None = None,
-    make_message: Callable[[int], Message] | None = None,
 ) -> HistogramReplies:
     """Ask nodes for their class histograms with ``query.histogram``.
 
@@ -103,17 +102,15 @@ def query_histograms(
         Seconds to wait for all replies.
     num_classes : int | None
         Expected histogram length (the first valid reply's if ``None``).
-    make_message : Callable[[int], Message] | None
-        Builds the query for a node (default: an empty ``query.histogram``).
 
     Returns
     -------
     HistogramReplies
         Histograms, reasons for the nodes without one, reported partition ids.
     """
-    build = make_message or (lambda node: Message(
-        content=RecordDict(), dst_node_id=node, message_type="query.histogram"))
-    replies = collect_replies(grid, [build(n) for n in node_ids], timeout)
+    queries = [Message(content=RecordDict(), dst_node_id=n, message_type="query.histogram")
+               for n in node_ids]
+    replies = collect_replies(grid, queries, timeout)
     out = HistogramReplies()
     for node in node_ids:
         reply = replies.get(node)

@@ -110,7 +110,6 @@ class ChainResult:
 class _Chain:
     result: ChainResult
     next_position: int = 0
-    message_id: str = ""
     sent_at: float = 0.0
     bytes_sent: int = 0
 
@@ -175,10 +174,9 @@ def run_relay(
         if not pushed:
             finish_hop(chain, Hop(node, position, "error", reason))
             return
-        message_id = pushed[0]
-        chain.message_id, chain.sent_at = message_id, time.monotonic()
+        chain.sent_at = time.monotonic()
         chain.bytes_sent = chain.result.arrays.count_bytes()
-        waiting[message_id] = chain
+        waiting[pushed[0]] = chain
 
     def finish_hop(chain: _Chain, hop: Hop) -> None:
         chain.result.hops.append(hop)

@@ -102,9 +102,9 @@ class RelayStrategy(FedAvg):
         metrics.update(relay_metrics(results, time.monotonic() - started))
         metrics.update(self.traffic_estimate(arrays.count_bytes()))
         self._round_result = (self.average(results), MetricRecord(metrics))
-        self._record(server_round, "train", self._round_result[1], len(
-            [r for r in results if r.trained]), {n: "skipped" for r in results
-                                                 for n in r.skipped})
+        skipped = {node: "skipped" for r in results for node in r.skipped}
+        self._record(server_round, "train", self._round_result[1],
+                     sum(r.trained for r in results), skipped)
         return []
 
     def aggregate_train(
@@ -122,19 +122,17 @@ class RelayStrategy(FedAvg):
         weights = np.array([r.num_examples if self.weighted_average else 1.0
                             for r in trained], dtype=np.float64)
         weights /= weights.sum()
-        keys = list(trained[0].arrays.keys())
-        return ArrayRecord({
-            key: Array(sum(w * r.arrays[key].numpy() for w, r in zip(weights, trained,
-                                                                     strict=True)).astype(
-                trained[0].arrays[key].numpy().dtype))
-            for key in keys
-        })
+        averaged = {}
+        for key in trained[0].arrays.keys():
+            values = [r.arrays[key].numpy() for r in trained]
+            mean = sum(w * v for w, v in zip(weights, values, strict=True))
+            averaged[key] = Array(np.asarray(mean).astype(values[0].dtype))
+        return ArrayRecord(averaged)
 
 
 def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, Any]:
     """Per-round relay figures: groups trained, hops, skips, bytes, time, loss."""
     hops = [h for r in results for h in r.hops]
-    examples = sum(r.num_examples for r in results)
     losses = [(loss, r.num_examples) for r in results
               if (loss := r.mean_metric("train-loss")) is not None]
     metrics: dict[str, Any] = {
@@ -146,6 +144,6 @@ def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, A
         "relay-time": seconds,
         "hop-latency-mean": float(np.mean([h.latency for h in hops])) if hops else 0.0,
     }
-    if losses and examples:
+    if losses:  # mean_metric is None for chains without examples
         metrics["train-loss"] = sum(v * n for v, n in losses) / sum(n for _, n in losses)
     return metrics
