@@ -107,13 +107,13 @@ def bench_size(k: int, m: int, repeats: int, tau: int) -> dict:
 def main() -> None:
     """Run the benchmark and print JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--tau", type=int, default=10)
     parser.add_argument("--sizes", default="364:52,1000:50,10000:100",
                         help="comma-separated K:M pairs")
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in pair.split(":")) for pair in args.sizes.split(",")]
-    results = [bench_size(k, m, args.repeats if k < 5000 else max(1, args.repeats // 2),
+    results = [bench_size(k, m, args.repeats if k < 5000 else max(1, args.repeats // 10),
                           args.tau) for k, m in sizes]
     print(json.dumps({"benchmark": "icg", "machine": platform.processor() or platform.machine(),
                       "results": results}, indent=2))

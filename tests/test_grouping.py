@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedgsp_flwr.strategies.grouping import (
+    assignment_prices,
     balance_groups,
     class_distributions,
     cpd,
@@ -18,6 +19,7 @@ from fedgsp_flwr.strategies.grouping import (
     num_groups,
     pairwise_cpd,
     random_groups,
+    squared_distances,
 )
 
 
@@ -108,11 +110,50 @@ def test_icg_is_deterministic_by_seed_and_uses_client_ids() -> None:
 def test_equal_size_assignment_is_optimal_on_a_small_case() -> None:
     rng = np.random.default_rng(0)
     points, centroids = rng.normal(size=(6, 2)), rng.normal(size=(3, 2))
-    labels = equal_size_assignment(points, centroids, size=2, neighbours=1)
+    labels, _ = equal_size_assignment(points, centroids, size=2, neighbours=1)
     assert sorted(np.bincount(labels)) == [2, 2, 2]
     cost = lambda lab: sum(((points[i] - centroids[lab[i]]) ** 2).sum() for i in range(6))
     best = min(cost([perm[i] // 2 for i in range(6)]) for perm in permutations(range(6)))
     assert cost(labels) == pytest.approx(best, rel=1e-5)
+
+
+def test_warm_started_assignment_reaches_the_cold_optimum() -> None:
+    rng = np.random.default_rng(1)
+    points = rng.normal(size=(120, 5))
+    for step in range(6):
+        old = rng.normal(size=(6, 5))
+        warm = equal_size_assignment(points, old, size=20, neighbours=6)
+        assert warm[1] is not None
+        new = old + rng.normal(scale=0.1 * (step + 1), size=old.shape)
+        cold, _ = equal_size_assignment(points, new, size=20, neighbours=6)
+        labels, prices = equal_size_assignment(points, new, size=20, neighbours=6,
+                                               warm_start=warm)
+        d = squared_distances(points, new)
+        total = lambda lab: d[np.arange(120), lab].sum()
+        assert np.bincount(labels).tolist() == [20] * 6
+        assert total(labels) == pytest.approx(total(cold), rel=1e-6)
+        assert prices is not None
+        reduced = d - prices[None, :]
+        assert (reduced[np.arange(120), labels] <= reduced.min(axis=1) + 1e-6).all()
+
+
+def test_assignment_prices_rejects_an_assignment_with_an_improving_swap() -> None:
+    rng = np.random.default_rng(2)
+    points, centroids = rng.normal(size=(30, 3)), rng.normal(size=(3, 3))
+    labels, _ = equal_size_assignment(points, centroids, size=10, neighbours=3)
+    d = squared_distances(points, centroids)
+    assert assignment_prices(d, labels) is not None
+    # Swap the pair whose exchange costs the most: the result is balanced but worse.
+    a, b = np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
+    gain = (d[a, 1][:, None] + d[b, 0][None, :]) - (d[a, 0][:, None] + d[b, 1][None, :])
+    i, j = np.unravel_index(np.argmax(gain), gain.shape)
+    assert gain[i, j] > 0
+    worse = labels.copy()
+    worse[a[i]], worse[b[j]] = 1, 0
+    assert assignment_prices(d, worse) is None
+    with pytest.raises(ValueError, match="warm_start"):
+        equal_size_assignment(points, centroids, size=10,
+                              warm_start=(worse[:-1], np.zeros(3)))
 
 
 def test_icg_beats_random_grouping_on_cpd() -> None:

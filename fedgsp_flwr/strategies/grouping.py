@@ -15,6 +15,7 @@ from ortools.graph.python import min_cost_flow
 GROWTH_FUNCTIONS = ("linear", "log", "exp")
 LEFTOVER_POLICIES = ("distribute", "drop")
 _COST_SCALE = 10**7  # squared distances are scaled to integers in [0, 1e7]
+_FREE_FACTOR = 4  # warm-started assignments: initial and growth factor of the freed share
 
 
 def num_groups(server_round: int, growth: str, alpha: float, beta: int, num_clients: int) -> int:
@@ -184,9 +185,15 @@ def icg(
     labels = greedy_balanced_assignment(squared_distances(points, seeds), size)
     centroids = _cluster_means(points, labels, n_clusters)
     iterations = 0
+    prices: np.ndarray | None = None
+    # Warm starts pay off on the full network (L <= neighbours: the paper's sizes); on
+    # sparse networks the freed share rarely certifies and cold solves are faster.
+    warm = neighbours >= n_clusters
     while iterations < max_iter:
         iterations += 1
-        new_labels = equal_size_assignment(points, centroids, size, neighbours)
+        new_labels, prices = equal_size_assignment(
+            points, centroids, size, neighbours,
+            warm_start=(labels, prices) if warm and prices is not None else None)
         if np.array_equal(new_labels, labels):
             break
         labels = new_labels
@@ -348,25 +355,54 @@ def squared_distances(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
 
 
 def equal_size_assignment(
-    points: np.ndarray, centroids: np.ndarray, size: int, neighbours: int = 16
-) -> np.ndarray:
+    points: np.ndarray,
+    centroids: np.ndarray,
+    size: int,
+    neighbours: int = 16,
+    warm_start: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Assign N = L * size points to L clusters of exactly ``size`` points each,
     minimising the summed squared distance to the centroids (a min-cost flow).
 
     Network: each point has supply 1 and an arc (capacity 1, cost = its squared
     distance, scaled to an integer) to each of its ``neighbours`` nearest centroids; each
-    cluster has demand ``size``. If that sparse network admits no flow the arcs are
-    doubled until it does (at L arcs per point it is the full, always feasible network).
+    cluster has demand ``size``. OR-Tools' ``SimpleMinCostFlow`` solves it.
+
+    If that sparse network admits no flow the arcs are doubled until it does (at L arcs
+    per point it is the full network, where the result is the exact optimum).
+
+    Warm start (ICG passes its previous iteration's result): the previous optimal
+    assignment stays in place except for the points that its cluster prices mark as
+    closest to switching; only those get flow arcs (their current cluster among them,
+    so the reduced network is always feasible). The freed share grows until the
+    assignment is certified optimal by :func:`assignment_prices` over the network's
+    arcs, so the result is the same optimum, from a much smaller flow problem.
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, F) points.
+    centroids : np.ndarray
+        (L, F) cluster centres.
+    size : int
+        Points per cluster.
+    neighbours : int
+        Initial number of flow arcs per point (its nearest centroids).
+    warm_start : tuple[np.ndarray, np.ndarray] | None
+        ``(labels, prices)`` as returned by an earlier call over the same points: (N,)
+        clusters with exactly ``size`` points each, and (L,) cluster prices.
 
     Returns
     -------
-    np.ndarray
-        (N,) cluster index per point.
+    tuple[np.ndarray, np.ndarray | None]
+        (N,) cluster index per point, and (L,) prices under which every point's
+        cluster minimises its distance minus the price over its arcs (``None`` after a
+        cold solve on a sparse network, where they are not needed).
 
     Raises
     ------
     ValueError
-        If N is not L * size.
+        If N is not L * size, or ``warm_start`` is malformed.
     RuntimeError
         If OR-Tools fails on the full network (it should not).
     """
@@ -375,30 +411,133 @@ def equal_size_assignment(
         raise ValueError(f"{n} points cannot fill {n_clusters} clusters of {size}")
     d = squared_distances(points, centroids)
     top = float(d.max())
-    cost = np.rint(d * (_COST_SCALE / top)).astype(np.int64) if top > 0 else np.zeros_like(
-        d, dtype=np.int64)
+    unit = top / _COST_SCALE if top > 0 else 1.0
+    cost = np.rint(d / unit).astype(np.int64)
+    # Rounding moves each arc cost by at most half a unit; a cycle has at most 2L arcs.
+    tolerance = n_clusters * unit
     width = min(max(neighbours, 1), n_clusters)
-    supplies = np.concatenate([np.ones(n, np.int64), np.full(n_clusters, -size, np.int64)])
+    if warm_start is None:
+        while (labels := _solve_assignment_flow(cost, size, np.ones(n, bool), None,
+                                                width)) is None:
+            if width == n_clusters:
+                raise RuntimeError("min-cost flow failed on the full network")
+            width = min(2 * width, n_clusters)
+        return labels, (assignment_prices(d, labels, np.inf) if width == n_clusters
+                        else None)
+    labels, prices = (np.asarray(a) for a in warm_start)
+    if labels.shape != (n,) or prices.shape != (n_clusters,) or not np.array_equal(
+            np.bincount(labels, minlength=n_clusters), np.full(n_clusters, size)):
+        raise ValueError(f"warm_start must be (labels, prices) putting exactly {size} "
+                         f"of the {n} points in each of the {n_clusters} clusters")
+    # Points ranked by how close the old prices bring them to a switch (negative: they
+    # would switch); prices move too, so several times that many are freed at first.
+    reduced = d - prices[None, :]
+    own = reduced[np.arange(n), labels]
+    reduced[np.arange(n), labels] = np.inf
+    margin = reduced.min(axis=1) - own
+    ranked = np.argsort(margin, kind="stable")
+    share = max(_FREE_FACTOR * float((margin < 0).mean()), 1 / 32)
     while True:
-        if width < n_clusters:
-            nearest = np.argpartition(d, width - 1, axis=1)[:, :width]
-        else:
-            nearest = np.broadcast_to(np.arange(n_clusters), (n, n_clusters))
-        tails = np.repeat(np.arange(n, dtype=np.int64), width)
-        heads = nearest.reshape(-1).astype(np.int64)
-        flow = min_cost_flow.SimpleMinCostFlow()
-        arcs = flow.add_arcs_with_capacity_and_unit_cost(
-            tails, heads + n, np.ones(len(tails), np.int64), cost[tails, heads])
-        flow.set_nodes_supplies(np.arange(n + n_clusters), supplies)
-        status = flow.solve()
-        if status == flow.OPTIMAL:
-            used = flow.flows(arcs) > 0
-            labels = np.empty(n, dtype=np.int64)
-            labels[tails[used]] = heads[used]
-            return labels
-        if width == n_clusters:
-            raise RuntimeError(f"min-cost flow failed with status {status}")
-        width = min(2 * width, n_clusters)
+        certified = _prices(d, labels, width, tolerance)
+        if certified is not None:
+            return labels, certified
+        free = np.zeros(n, dtype=bool)
+        free[ranked[:math.ceil(min(share, 1.0) * n)]] = True
+        solved = _solve_assignment_flow(cost, size, free, labels, width)
+        if solved is None:
+            raise RuntimeError("min-cost flow failed on a feasible network")
+        labels = solved
+        if share >= 1:  # every point free: optimal up to the integer rounding
+            return labels, _prices(d, labels, width, np.inf)
+        share *= _FREE_FACTOR
+
+
+def _prices(d: np.ndarray, labels: np.ndarray, width: int,
+            tolerance: float) -> np.ndarray | None:
+    """:func:`assignment_prices` over the arcs of the flow network: each point to its
+    ``width`` nearest clusters and its own.
+    """
+    n, n_clusters = d.shape
+    if width < n_clusters:
+        allowed = np.zeros(d.shape, dtype=bool)
+        np.put_along_axis(allowed, np.argpartition(d, width - 1, axis=1)[:, :width], True,
+                          axis=1)
+        allowed[np.arange(n), labels] = True
+        d = np.where(allowed, d, np.inf)
+    return assignment_prices(d, labels, tolerance)
+
+
+def assignment_prices(d: np.ndarray, labels: np.ndarray,
+                      tolerance: float = 0.0) -> np.ndarray | None:
+    """Cluster prices certifying that a balanced assignment is optimal, if it is.
+
+    An assignment has the least total cost among all with the same cluster sizes
+    exactly when its residual flow network has no negative cycle. Every such cycle
+    alternates clusters and points (cluster a gives up point i, which joins cluster b at
+    cost ``d[i, b] - d[i, a]``), so the check runs on the L-node graph whose arc a -> b
+    costs the cheapest such move (Floyd-Warshall, O(N L + L^3)). Its shortest-path
+    potentials are prices p with every point's cluster minimising ``d[i, l] - p[l]``.
+
+    Parameters
+    ----------
+    d : np.ndarray
+        (N, L) costs.
+    labels : np.ndarray
+        (N,) cluster index per point; every cluster non-empty.
+    tolerance : float
+        Cycles cheaper than ``-tolerance`` count as improving.
+
+    Returns
+    -------
+    np.ndarray | None
+        (L,) prices if no cycle of moves lowers the cost by more than ``tolerance``,
+        else ``None``.
+    """
+    n_clusters = d.shape[1]
+    moves = d - d[np.arange(len(d)), labels][:, None]
+    order = np.argsort(labels, kind="stable")
+    starts = np.searchsorted(labels[order], np.arange(n_clusters))
+    dist = np.minimum.reduceat(moves[order], starts, axis=0)  # (L, L): cheapest a -> b
+    np.fill_diagonal(dist, 0.0)
+    for via in range(n_clusters):
+        np.minimum(dist, dist[:, via, None] + dist[None, via, :], out=dist)
+    if np.diag(dist).min() < -tolerance:
+        return None
+    return dist.min(axis=0)
+
+
+def _solve_assignment_flow(cost: np.ndarray, size: int, free: np.ndarray,
+                           labels: np.ndarray | None, width: int) -> np.ndarray | None:
+    """Min-cost flow over the ``free`` points (arcs to their ``width`` cheapest clusters
+    and their current one); the other points keep ``labels``. ``None`` if infeasible.
+    """
+    n, n_clusters = cost.shape
+    rows = np.flatnonzero(free)
+    sub = cost[rows]
+    if width < n_clusters:
+        heads = np.argpartition(sub, width - 1, axis=1)[:, :width]
+    else:
+        heads = np.broadcast_to(np.arange(n_clusters), (len(rows), n_clusters))
+    tails = np.repeat(np.arange(len(rows), dtype=np.int64), heads.shape[1])
+    heads = heads.reshape(-1).astype(np.int64)
+    demand = np.full(n_clusters, size, dtype=np.int64)
+    if labels is not None:
+        current = labels[rows]
+        missing = ~(heads.reshape(len(rows), -1) == current[:, None]).any(axis=1)
+        tails = np.concatenate([tails, np.flatnonzero(missing)])
+        heads = np.concatenate([heads, current[missing]])
+        demand -= np.bincount(labels[~free], minlength=n_clusters)
+    flow = min_cost_flow.SimpleMinCostFlow()
+    arcs = flow.add_arcs_with_capacity_and_unit_cost(
+        tails, heads + len(rows), np.ones(len(tails), np.int64), sub[tails, heads])
+    flow.set_nodes_supplies(np.arange(len(rows) + n_clusters),
+                            np.concatenate([np.ones(len(rows), np.int64), -demand]))
+    if flow.solve() != flow.OPTIMAL:
+        return None
+    used = flow.flows(arcs) > 0
+    out = np.array(labels, dtype=np.int64) if labels is not None else np.empty(n, np.int64)
+    out[rows[tails[used]]] = heads[used]
+    return out
 
 
 def class_distributions(histograms: np.ndarray, groups: list[list[int]],
