@@ -53,7 +53,7 @@ class RunConfig:
     """
 
     num_server_rounds: int = _setting(5, "number of server rounds", _positive, "> 0")
-    strategy: str = _setting("fedavg", "strategy name (see fedgsp_flwr.strategies)")
+    strategy: str = _setting("fedgsp", "strategy name (see fedgsp_flwr.strategies)")
     dataset: str = _setting(
         "mnist",
         "mnist | fashion-mnist | hybrid | synthetic | a Hugging Face hub name (org/name)",
@@ -80,6 +80,12 @@ class RunConfig:
         1.0, "data heterogeneity beta of the Synthetic(alpha, beta) data", _non_negative,
         ">= 0",
     )
+    train_examples: int = _setting(
+        0, "training examples drawn (seeded) from the dataset before partitioning "
+        "(0 = all)", _non_negative, ">= 0")
+    test_examples: int = _setting(
+        0, "examples drawn (seeded) from the test split for central evaluation (0 = all)",
+        _non_negative, ">= 0")
     model: str = _setting("auto", "auto | mlp | cnn | logistic")
     fraction_train: float = _setting(
         1.0, "fraction of connected nodes sampled for training", _fraction, "in (0, 1]"

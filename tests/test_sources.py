@@ -125,3 +125,22 @@ def test_synthetic_is_deterministic_and_heterogeneous() -> None:
     hists = [np.bincount(a.y_train[a.source_train == k], minlength=10) for k in range(8)]
     tops = {int(np.argmax(h)) for h in hists}
     assert len(tops) > 1, "all writers share one majority class: no heterogeneity"
+
+
+def test_subsample_is_a_seeded_subset_and_zero_keeps_everything() -> None:
+    bundle = make_synthetic(num_writers=5, alpha=1.0, beta=1.0, seed=0)
+    assert sources.subsample(bundle, 0, 0, seed=1) is bundle
+    a = sources.subsample(bundle, 50, 7, seed=1)
+    b = sources.subsample(bundle, 50, 7, seed=1)
+    c = sources.subsample(bundle, 50, 7, seed=2)
+    assert len(a.y_train) == 50 and len(a.y_test) == 7 and len(a.source_train) == 50
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    assert not np.array_equal(a.x_train, c.x_train)
+    # Rows stay paired with their labels and writers, and come from the original.
+    rows = {tuple(r): (y, s) for r, y, s in zip(bundle.x_train.tolist(), bundle.y_train,
+                                                 bundle.source_train, strict=True)}
+    for r, y, s in zip(a.x_train.tolist(), a.y_train, a.source_train, strict=True):
+        assert rows[tuple(r)] == (y, s)
+    assert len(sources.subsample(bundle, 10**9, 0, seed=1).y_train) == len(bundle.y_train)
+    with pytest.raises(ValueError, match="example counts"):
+        sources.subsample(bundle, -1, 0, seed=1)

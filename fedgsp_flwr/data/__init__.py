@@ -26,6 +26,7 @@ from .sources import (
     DatasetUnavailableError,
     default_cache_dir,
     load_dataset,
+    subsample,
 )
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "load_partitions",
     "load_server_test_set",
     "partition_dataset",
+    "subsample",
     "partition_spec",
 ]
 
@@ -56,9 +58,13 @@ def get_bundle(
     synthetic_alpha: float,
     synthetic_beta: float,
     seed: int,
+    train_examples: int = 0,
+    test_examples: int = 0,
 ) -> DataBundle:
-    """Load a dataset once per process (simulation actors serve many nodes)."""
-    return load_dataset(
+    """Load a dataset once per process (simulation actors serve many nodes), optionally
+    a seeded subset of it (see :func:`subsample`).
+    """
+    bundle = load_dataset(
         name,
         Path(cache_dir) if cache_dir else default_cache_dir(),
         num_writers=num_writers,
@@ -66,6 +72,7 @@ def get_bundle(
         synthetic_beta=synthetic_beta,
         seed=seed,
     )
+    return subsample(bundle, train_examples, test_examples, seed)
 
 
 def partition_spec(cfg: RunConfig, num_partitions: int) -> PartitionSpec:
@@ -90,6 +97,8 @@ def bundle_for(cfg: RunConfig, num_partitions: int) -> DataBundle:
         cfg.synthetic_alpha,
         cfg.synthetic_beta,
         cfg.seed,
+        cfg.train_examples,
+        cfg.test_examples,
     )
 
 
@@ -130,8 +139,8 @@ def load_partitions(cfg: RunConfig, num_partitions: int) -> list[Partition]:
     avoids re-partitioning (and importing ``datasets``) every time.
     """
     spec = partition_spec(cfg, num_partitions)
-    key = hashlib.sha1(repr((cfg.dataset, cfg.synthetic_alpha, cfg.synthetic_beta, spec))
-                       .encode()).hexdigest()[:16]
+    key = hashlib.sha1(repr((cfg.dataset, cfg.synthetic_alpha, cfg.synthetic_beta,
+                             cfg.train_examples, spec)).encode()).hexdigest()[:16]
     cache = Path(cfg.data_dir) if cfg.data_dir else default_cache_dir()
     path = cache / "partitions" / f"{cfg.dataset.replace('/', '__')}-{spec.scheme}-{key}.npz"
     if path.exists():

@@ -93,6 +93,41 @@ class DataBundle:
         return self.x_train.ndim == 4
 
 
+def subsample(bundle: DataBundle, train: int, test: int, seed: int) -> DataBundle:
+    """A seeded random subset of ``train`` training and ``test`` test examples.
+
+    ``0`` (or at least the split's size) keeps a split whole. Kept examples stay in their
+    original order.
+
+    Raises
+    ------
+    ValueError
+        If a count is negative.
+    """
+    if train < 0 or test < 0:
+        raise ValueError(f"example counts must be >= 0, got train={train}, test={test}")
+
+    def pick(n: int, keep: int, stream: int) -> np.ndarray | None:
+        if keep == 0 or keep >= n:
+            return None
+        return np.sort(np.random.default_rng([seed, stream]).choice(n, keep, replace=False))
+
+    tr, te = pick(len(bundle.y_train), train, 0), pick(len(bundle.y_test), test, 1)
+    if tr is None and te is None:
+        return bundle
+
+    def take(a: np.ndarray | None, idx: np.ndarray | None) -> np.ndarray | None:
+        return a if a is None or idx is None else a[idx]
+
+    return DataBundle(
+        name=bundle.name,
+        x_train=take(bundle.x_train, tr), y_train=take(bundle.y_train, tr),
+        x_test=take(bundle.x_test, te), y_test=take(bundle.y_test, te),
+        num_classes=bundle.num_classes,
+        source_train=take(bundle.source_train, tr), source_test=take(bundle.source_test, te),
+    )
+
+
 def default_cache_dir() -> Path:
     """Return ``$FEDGSP_DATA_DIR`` or ``~/.cache/fedgsp-flwr``."""
     env = os.environ.get("FEDGSP_DATA_DIR")
