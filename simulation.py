@@ -11,6 +11,8 @@ Experiment file::
     num-supernodes = 10
     seeds = [0, 1, 2]
     target-accuracy = 0.9           # optional: report rounds to reach it
+    reference = "fedavg"            # optional: report rounds to reach this strategy's
+                                    # mean final accuracy
     timeout = 7200                  # optional: seconds per run
 
     [run-config]                    # shared by every run (keys of pyproject's config)
@@ -75,6 +77,8 @@ class Experiment:
         Label -> run-config overrides of each compared strategy.
     target_accuracy : float | None
         Accuracy whose first round is reported.
+    reference : str | None
+        Strategy label whose mean final accuracy is a second target.
     timeout : float
         Seconds allowed per run.
     """
@@ -85,6 +89,7 @@ class Experiment:
     run_config: dict[str, Any]
     strategies: dict[str, dict[str, Any]]
     target_accuracy: float | None = None
+    reference: str | None = None
     timeout: float = 4 * 3600
     source: str = field(default="", repr=False)
 
@@ -100,7 +105,7 @@ class Experiment:
         text = Path(path).read_text()
         raw = tomllib.loads(text)
         allowed = {"name", "num-supernodes", "seeds", "run-config", "strategies",
-                   "target-accuracy", "timeout"}
+                   "target-accuracy", "reference", "timeout"}
         if unknown := set(raw) - allowed:
             raise ConfigError(f"{path}: unknown experiment field(s) {sorted(unknown)}")
         try:
@@ -111,6 +116,7 @@ class Experiment:
                 run_config=dict(raw.get("run-config", {})),
                 strategies={k: dict(v) for k, v in raw["strategies"].items()},
                 target_accuracy=raw.get("target-accuracy"),
+                reference=raw.get("reference"),
                 timeout=float(raw.get("timeout", 4 * 3600)),
                 source=text,
             )
@@ -118,6 +124,9 @@ class Experiment:
             raise ConfigError(f"{path}: missing field {err}") from err
         if exp.num_supernodes < 1 or not exp.seeds or not exp.strategies:
             raise ConfigError(f"{path}: needs num-supernodes >= 1, seeds and strategies")
+        if exp.reference is not None and exp.reference not in exp.strategies:
+            raise ConfigError(f"{path}: reference '{exp.reference}' is not one of the "
+                              f"strategies {sorted(exp.strategies)}")
         for label, seed in exp.runs():
             RunConfig.from_mapping(exp.run_config_of(label, seed, Path("/results"))).check_names()
         return exp
@@ -201,28 +210,40 @@ def rounds_to(curve: Sequence[float], target: float | None) -> int | None:
 
 
 def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
-    """One summary row per strategy: final accuracy, rounds to target, wall time."""
-    rows = []
+    """One summary row per strategy: final accuracy, rounds to the target and to the
+    reference's final accuracy, model bytes moved in training, wall time.
+    """
+    done: dict[str, list[dict[str, Any]]] = {}
     for label in exp.strategies:
-        runs = [read_metrics(root / "runs" / run_name(label, s)) for s in exp.seeds]
-        done = [m for m in runs if m and m.get("status") == "complete"]
-        if not done:
-            continue
-        finals = [m["summary"]["final-central-acc"] for m in done]
-        reached = [rounds_to([r["central-acc"] for r in m["rounds"]], exp.target_accuracy)
-                   for m in done]
-        rows.append({
+        found = [read_metrics(root / "runs" / run_name(label, s)) for s in exp.seeds]
+        if complete := [m for m in found if m and m.get("status") == "complete"]:
+            done[label] = complete
+    reference = (float(np.mean([m["summary"]["final-central-acc"]
+                                for m in done[exp.reference]]))
+                 if exp.reference in done else None)
+    rows = []
+    for label, runs in done.items():
+        finals = [m["summary"]["final-central-acc"] for m in runs]
+        row: dict[str, Any] = {
             "strategy": label,
-            "seeds": len(done),
+            "seeds": len(runs),
             "final-acc-mean": float(np.mean(finals)),
             "final-acc-std": float(np.std(finals)),
-            "rounds-to-target": (
-                float(np.mean(hits)) if (hits := [r for r in reached if r is not None])
-                and len(hits) == len(reached) else None
-            ),
-            "seeds-reaching-target": sum(r is not None for r in reached),
-            "wall-time-mean": float(np.mean([m["summary"]["wall-time"] for m in done])),
-        })
+        }
+        for name, target in (("target", exp.target_accuracy), ("reference", reference)):
+            if target is None:
+                continue
+            reached = [rounds_to([r["central-acc"] for r in m["rounds"]], target)
+                       for m in runs]
+            hits = [r for r in reached if r is not None]
+            row[f"rounds-to-{name}"] = (float(np.mean(hits)) if len(hits) == len(reached)
+                                        else None)
+            row[f"seeds-reaching-{name}"] = len(hits)
+        traffic = [sum(r.get("bytes-sent", 0) + r.get("bytes-received", 0)
+                       for r in m["rounds"]) for m in runs]
+        row["train-bytes-mean"] = float(np.mean(traffic)) if any(traffic) else None
+        row["wall-time-mean"] = float(np.mean([m["summary"]["wall-time"] for m in runs]))
+        rows.append(row)
     return rows
 
 

@@ -129,6 +129,17 @@ def test_configure_train_remembers_the_model_sent() -> None:
     messages = list(strategy.configure_train(1, REFERENCE, ConfigRecord(), OneNodeGrid()))
     assert {m.metadata.dst_node_id for m in messages} == {5, 6}
     assert strategy._sent_arrays is REFERENCE
+    assert strategy.history[1]["bytes-sent"] == 2 * REFERENCE.count_bytes()
+
+
+def test_fedavg_counts_the_bytes_of_every_reply_received() -> None:
+    strategy = FedAvg()
+    strategy._sent_arrays = REFERENCE
+    strategy.aggregate_train(1, iter([reply(1), reply(2), error_reply(3)]))
+    one = reply(1).content.array_records["arrays"].count_bytes()
+    assert one > 6 * 4  # at least the 6 float32 values
+    assert strategy.history[1]["bytes-received"] == 2 * one
+    assert strategy.history[1]["train-replies"] == 2
 
 
 def test_aggregation_does_not_depend_on_reply_order() -> None:

@@ -116,15 +116,16 @@ def subsample(bundle: DataBundle, train: int, test: int, seed: int) -> DataBundl
     if tr is None and te is None:
         return bundle
 
-    def take(a: np.ndarray | None, idx: np.ndarray | None) -> np.ndarray | None:
-        return a if a is None or idx is None else a[idx]
+    def take(a: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+        return a if idx is None else a[idx]
 
     return DataBundle(
         name=bundle.name,
         x_train=take(bundle.x_train, tr), y_train=take(bundle.y_train, tr),
         x_test=take(bundle.x_test, te), y_test=take(bundle.y_test, te),
         num_classes=bundle.num_classes,
-        source_train=take(bundle.source_train, tr), source_test=take(bundle.source_test, te),
+        source_train=None if bundle.source_train is None else take(bundle.source_train, tr),
+        source_test=None if bundle.source_test is None else take(bundle.source_test, te),
     )
 
 

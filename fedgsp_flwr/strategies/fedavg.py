@@ -20,7 +20,9 @@ class ValidatedAggregation:
     FedAvg)``), it drops unsound replies one by one (see
     :func:`~fedgsp_flwr.strategies.replies.filter_replies`) before the strategy's own
     aggregation runs, and records per round the aggregated client metrics, the number
-    of replies used and the rejected nodes in :attr:`history`.
+    of replies used, the rejected nodes and the model bytes sent and received in
+    training (``bytes-sent``, ``bytes-received``, as the relay strategies report them)
+    in :attr:`history`.
     """
 
     weighted_by_key: str
@@ -35,12 +37,17 @@ class ValidatedAggregation:
     ) -> Iterable[Message]:
         """Remember the arrays sent, to check the replies' shapes against them."""
         self._sent_arrays = arrays
-        return super().configure_train(server_round, arrays, config, grid)  # type: ignore[misc]
+        messages = list(super().configure_train(  # type: ignore[misc]
+            server_round, arrays, config, grid))
+        self.history.setdefault(server_round, {})["bytes-sent"] = (
+            len(messages) * arrays.count_bytes())
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the sound training replies only."""
+        replies = list(replies)
         sound, rejected = filter_replies(
             replies,
             reference=self._sent_arrays,
@@ -53,6 +60,9 @@ class ValidatedAggregation:
         sound.sort(key=lambda m: next(iter(m.content.array_records.values())).object_id)
         arrays, metrics = super().aggregate_train(server_round, sound)  # type: ignore[misc]
         self._record(server_round, "train", metrics, len(sound), rejected)
+        self.history[server_round]["bytes-received"] = sum(
+            record.count_bytes() for m in replies if m.has_content()
+            for record in m.content.array_records.values())
         return arrays, metrics
 
     def aggregate_evaluate(
