@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import tomllib
@@ -299,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="results root (default: ./results)")
     parser.add_argument("--force", action="store_true", help="re-run complete runs too")
     args = parser.parse_args(argv)
+    # A terminated runner unwinds like Ctrl-C: its private SuperLink is stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         experiments = [Experiment.load(path) for path in args.experiments]
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:

@@ -201,15 +201,27 @@ class LocalSimulation:
         return [int(pid) for pid in out.split()]
 
     def close(self) -> None:
-        """Stop the SuperLink this simulation started (its SuperExec follows it)."""
+        """Stop the SuperLink this simulation started (its SuperExec follows it):
+        SIGTERM, then SIGKILL if it is still there after 10 s (a busy simulation may
+        not stop on SIGTERM).
+        """
         for pid in self.superlink_pids():
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            for _ in range(100):
+            for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
-                    os.kill(pid, 0)
+                    os.kill(pid, sig)
                 except ProcessLookupError:
                     break
-                time.sleep(0.1)
+                if _gone_within(pid, 10.0):
+                    break
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` exits within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -152,3 +153,23 @@ def test_aggregation_does_not_depend_on_reply_order() -> None:
         strategy._sent_arrays = REFERENCE
         results.append(strategy.aggregate_train(1, list(order))[0]["w"].numpy())
     assert all(np.array_equal(results[0], other) for other in results[1:])
+
+
+def test_round_trips_are_timed_from_sending_to_aggregating() -> None:
+    class TwoNodeGrid:
+        def get_node_ids(self) -> list[int]:
+            return [1, 2]
+
+    strategy = FedAvg(min_available_nodes=1)
+    list(strategy.configure_train(1, REFERENCE, ConfigRecord(), TwoNodeGrid()))
+    list(strategy.configure_evaluate(1, REFERENCE, ConfigRecord(), TwoNodeGrid()))
+    time.sleep(0.05)
+    strategy.aggregate_train(1, [reply(1), reply(2)])
+    assert 0.05 <= strategy.history[1]["train-round-trip"] < 5
+    assert "eval-round-trip" not in strategy.history[1]
+    # Round 1's evaluation is sent but never aggregated, round 2 sends nothing: round
+    # 1's clock must not leak into round 2.
+    strategy.fraction_evaluate = 0.0
+    assert list(strategy.configure_evaluate(2, REFERENCE, ConfigRecord(), TwoNodeGrid())) == []
+    strategy.aggregate_evaluate(2, [])
+    assert "eval-round-trip" not in strategy.history.get(2, {})

@@ -14,8 +14,8 @@ from flwr.serverapp.strategy import Strategy
 from ..config import ConfigError, RunConfig
 from .fedavg import FedAvg, FedProx, ValidatedAggregation
 from .fedgsp import FedGSP
-from .sequential import RelayStrategy
 from .replies import filter_replies, reply_problem
+from .sequential import RelayStrategy
 
 
 def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,9 +21,10 @@ class ValidatedAggregation:
     FedAvg)``), it drops unsound replies one by one (see
     :func:`~fedgsp_flwr.strategies.replies.filter_replies`) before the strategy's own
     aggregation runs, and records per round the aggregated client metrics, the number
-    of replies used, the rejected nodes and the model bytes sent and received in
+    of replies used, the rejected nodes, the model bytes sent and received in
     training (``bytes-sent``, ``bytes-received``, as the relay strategies report them)
-    in :attr:`history`.
+    and the seconds from sending a stage's messages to aggregating their replies
+    (``train-round-trip``, ``eval-round-trip``) in :attr:`history`.
     """
 
     weighted_by_key: str
@@ -31,6 +33,7 @@ class ValidatedAggregation:
         super().__init__(*args, **kwargs)
         self.history: dict[int, dict[str, Any]] = {}
         self._sent_arrays: ArrayRecord | None = None
+        self._sent_at: dict[str, float] = {}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -41,12 +44,23 @@ class ValidatedAggregation:
             server_round, arrays, config, grid))
         self.history.setdefault(server_round, {})["bytes-sent"] = (
             len(messages) * arrays.count_bytes())
+        self._start_clock("train", messages)
+        return messages
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Note when the evaluation messages leave, to time their round trip."""
+        messages = list(super().configure_evaluate(  # type: ignore[misc]
+            server_round, arrays, config, grid))
+        self._start_clock("evaluate", messages)
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the sound training replies only."""
+        self._stop_clock(server_round, "train")
         replies = list(replies)
         sound, rejected = filter_replies(
             replies,
@@ -69,6 +83,7 @@ class ValidatedAggregation:
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Aggregate the sound evaluation replies only."""
+        self._stop_clock(server_round, "evaluate")
         sound, rejected = filter_replies(
             replies,
             reference=None,
@@ -81,6 +96,19 @@ class ValidatedAggregation:
         metrics = super().aggregate_evaluate(server_round, sound)  # type: ignore[misc]
         self._record(server_round, "evaluate", metrics, len(sound), rejected)
         return metrics
+
+    def _start_clock(self, stage: str, messages: list[Message]) -> None:
+        # Flower skips aggregation when nothing is sent: a clock started then would be
+        # stopped by a later round's replies.
+        if messages:
+            self._sent_at[stage] = time.monotonic()
+        else:
+            self._sent_at.pop(stage, None)
+
+    def _stop_clock(self, server_round: int, stage: str) -> None:
+        if (sent_at := self._sent_at.pop(stage, None)) is not None:
+            key = "train-round-trip" if stage == "train" else "eval-round-trip"
+            self.history.setdefault(server_round, {})[key] = time.monotonic() - sent_at
 
     def _record(
         self,
