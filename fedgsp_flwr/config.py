@@ -84,8 +84,8 @@ class RunConfig:
         0, "training examples drawn (seeded) from the dataset before partitioning "
         "(0 = all)", _non_negative, ">= 0")
     test_examples: int = _setting(
-        0, "examples drawn (seeded) from the test split for central evaluation (0 = all)",
-        _non_negative, ">= 0")
+        0, "examples drawn (seeded) from the test split, for central evaluation and the "
+        "clients' test splits (0 = all)", _non_negative, ">= 0")
     model: str = _setting("auto", "auto | mlp | cnn | logistic")
     fraction_train: float = _setting(
         1.0, "fraction of connected nodes sampled for training", _fraction, "in (0, 1]"

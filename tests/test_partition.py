@@ -176,3 +176,18 @@ def test_partitions_survive_the_disk_cache(bundle: DataBundle, tmp_path) -> None
         np.testing.assert_array_equal(a.train_idx, b.train_idx)
         np.testing.assert_array_equal(a.test_idx, b.test_idx)
         assert (a.latent_group, a.label_shift) == (b.latent_group, b.label_shift)
+
+
+def test_subsampled_runs_get_their_own_partition_cache(tmp_path) -> None:
+    from fedgsp_flwr.config import RunConfig
+    from fedgsp_flwr.data import bundle_for, load_partitions
+
+    base = {"dataset": "synthetic", "partition": "iid", "data-dir": str(tmp_path)}
+    for extra in ({}, {"test-examples": 15}, {"train-examples": 40, "test-examples": 15},
+                  {}):
+        cfg = RunConfig.from_mapping({**base, **extra})
+        parts = load_partitions(cfg, 4)
+        bundle = bundle_for(cfg, 4)
+        assert max(int(p.test_idx.max()) for p in parts) < len(bundle.y_test)
+        assert sum(len(p.train_idx) for p in parts) == len(bundle.y_train)
+    assert len(list((tmp_path / "partitions").glob("*.npz"))) == 3

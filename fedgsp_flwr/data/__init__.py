@@ -139,8 +139,10 @@ def load_partitions(cfg: RunConfig, num_partitions: int) -> list[Partition]:
     avoids re-partitioning (and importing ``datasets``) every time.
     """
     spec = partition_spec(cfg, num_partitions)
+    # Partitions index into the (possibly subsampled) train and test splits.
     key = hashlib.sha1(repr((cfg.dataset, cfg.synthetic_alpha, cfg.synthetic_beta,
-                             cfg.train_examples, spec)).encode()).hexdigest()[:16]
+                             cfg.train_examples, cfg.test_examples, spec)
+                            ).encode()).hexdigest()[:16]
     cache = Path(cfg.data_dir) if cfg.data_dir else default_cache_dir()
     path = cache / "partitions" / f"{cfg.dataset.replace('/', '__')}-{spec.scheme}-{key}.npz"
     if path.exists():
