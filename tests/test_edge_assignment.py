@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from fedgsp_flwr.strategies.edge_assignment import (
     AssignmentProblem,
     assign,
     brute_force,
+    load_topology,
     local_search,
     objective,
     paper_topology,
@@ -144,3 +147,40 @@ def test_infeasible_inputs_are_clear_errors() -> None:
         assign(problem, "original", np.random.default_rng(0))
     with pytest.raises(ValueError, match="Unknown assignment policy"):
         assign(problem, "best", np.random.default_rng(0))
+
+
+def test_topology_files_json_and_csv_agree(tmp_path) -> None:
+    reach = [[1, 1, 0], [0, 1, 1]]
+    (tmp_path / "t.json").write_text(json.dumps(
+        {"reach": reach, "original": [0, 1, 1], "capacity": [2, 2]}))
+    (tmp_path / "t.csv").write_text("user,edges,original\n0,0,0\n1,0;1,1\n2,1,1\n")
+    a = load_topology(tmp_path / "t.json", num_users=3)
+    b = load_topology(tmp_path / "t.csv")
+    np.testing.assert_array_equal(a.reach, np.array(reach, bool))
+    np.testing.assert_array_equal(a.reach, b.reach)
+    np.testing.assert_array_equal(a.original, b.original)
+    assert a.capacity.tolist() == [2, 2] and b.capacity is None
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("t.json", '{"reach": [[1, 2]]}', "matrix of 0/1"),
+    ("t.json", '{"reach": [[1, 1]], "original": [0, 1]}', "an edge in \\[0, 1\\)"),
+    ("t.json", '{"reach": [[1, 0], [0, 1]], "original": [1, 1]}',
+     "puts users \\[0\\] on edges out of range"),
+    ("t.json", '{"reach": [[1, 1]], "capacity": [1, 2]}', "one entry per edge"),
+    ("t.json", '{"edges": []}', "'reach'"),
+    ("t.csv", "id,edges\n0,1\n", "header must be"),
+    ("t.csv", "user,edges\n0,0\n2,0\n", "users must be 0..1"),
+    ("t.yaml", "reach: []", "expected a .json or .csv"),
+])
+def test_bad_topology_files_name_the_problem(tmp_path, name: str, text: str,
+                                             message: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=f"topology file .*{name}: .*{message}"):
+        load_topology(tmp_path / name)
+
+
+def test_topology_must_match_the_number_of_users(tmp_path) -> None:
+    (tmp_path / "t.json").write_text('{"reach": [[1, 1, 1]]}')
+    with pytest.raises(ValueError, match="describes 3 users, the run has 4"):
+        load_topology(tmp_path / "t.json", num_users=4)
