@@ -19,7 +19,8 @@ class TrainResult:
     Attributes
     ----------
     loss : float
-        Mean training loss over the last epoch (without the proximal term).
+        Mean training loss over the last epoch, or over all steps when training by
+        steps (without the proximal term).
     num_examples : int
         Number of training examples (the aggregation weight).
     steps : int
@@ -42,6 +43,7 @@ def train(
     seed: int,
     momentum: float = 0.0,
     proximal_mu: float = 0.0,
+    steps: int = 0,
 ) -> TrainResult:
     """Train ``model`` in place with mini-batch SGD.
 
@@ -63,6 +65,9 @@ def train(
         SGD momentum.
     proximal_mu : float
         Weight mu of the proximal term mu/2 ||w - w_start||^2 (FedProx); 0 disables it.
+    steps : int
+        If > 0, take exactly this many mini-batch steps instead of ``epochs`` passes
+        (batches drawn from successive shuffled passes over the data; HierFL's tau1).
 
     Returns
     -------
@@ -79,30 +84,36 @@ def train(
 
     if len(y) == 0:
         raise ValueError("cannot train on an empty dataset")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
     x_t, y_t = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     criterion = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(seed)
     model.train()
-    steps, epoch_loss = 0, 0.0
-    for _ in range(epochs):
+    taken, total, seen = 0, 0.0, 0
+    per_pass = -(-len(y_t) // batch_size)
+    for _ in range(epochs if steps == 0 else -(-steps // per_pass)):
         order = torch.randperm(len(y_t), generator=generator)
-        total = 0.0
+        if steps == 0:
+            total, seen = 0.0, 0
         for start in range(0, len(order), batch_size):
+            if steps and taken == steps:
+                break
             batch = order[start : start + batch_size]
             optimizer.zero_grad()
             loss = criterion(model(x_t[batch]), y_t[batch])
             total += loss.item() * len(batch)
+            seen += len(batch)
             if anchor:
                 loss = loss + proximal_mu / 2 * sum(
                     (p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor, strict=True)
                 )
             loss.backward()
             optimizer.step()
-            steps += 1
-        epoch_loss = total / len(y_t)
-    return TrainResult(loss=epoch_loss, num_examples=len(y_t), steps=steps)
+            taken += 1
+    return TrainResult(loss=total / seen, num_examples=len(y_t), steps=taken)
 
 
 def evaluate(

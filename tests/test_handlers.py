@@ -86,6 +86,22 @@ def test_train_returns_a_trained_model_with_its_weight(app: ClientApp) -> None:
         before, DATA[1].x_train, DATA[1].y_train)[0]
 
 
+def test_train_by_local_steps_is_one_full_batch_gradient_step(app: ClientApp) -> None:
+    import torch
+
+    content = RecordDict({"arrays": global_arrays(), "config": ConfigRecord(
+        {"lr": 0.5, "local-steps": 1, "batch-size": 10**6})})
+    trained = app(instruction(content, "train"), make_context(0)).content["arrays"]
+    model = model_for(None, DATA[0])
+    loss = torch.nn.functional.cross_entropy(
+        model(torch.from_numpy(DATA[0].x_train)), torch.from_numpy(DATA[0].y_train))
+    loss.backward()
+    expected = {k: (p - 0.5 * p.grad).detach().numpy()
+                for k, p in model.named_parameters()}
+    for key, value in expected.items():
+        np.testing.assert_allclose(trained[key].numpy(), value, atol=1e-6)
+
+
 def test_relay_hop_echoes_its_position_and_is_deterministic(app: ClientApp) -> None:
     def hop() -> RecordDict:
         config = ConfigRecord({"relay-group": 4, "relay-hop": 2, "server-round": 3})
@@ -137,7 +153,8 @@ def test_hooks_join_an_existing_app_without_touching_its_handlers() -> None:
 @pytest.mark.parametrize(
     ("config", "fragment"),
     [({"lr": "fast"}, "'lr' must be a number"), ({"local-epochs": 0}, "invalid training"),
-     ({"batch-size": [4]}, "'batch-size' must be a number"), ({"momentum": 1.5}, "invalid")],
+     ({"batch-size": [4]}, "'batch-size' must be a number"), ({"momentum": 1.5}, "invalid"),
+     ({"local-steps": -1}, "invalid training")],
 )
 def test_bad_training_settings_in_a_message_are_refused(app: ClientApp, config: dict,
                                                         fragment: str) -> None:

@@ -56,6 +56,37 @@ def test_full_batch_gradient_step_matches_the_formula() -> None:
     np.testing.assert_allclose(flat(model), expected, atol=1e-6)
 
 
+def test_training_by_steps_takes_exactly_that_many_steps() -> None:
+    for steps, batch in ((1, 16), (13, 16), (30, 64)):
+        model = build_model("logistic", (5,), 3, seed=0)
+        result = train(model, DATA.x_train, DATA.y_train, epochs=1, lr=0.1,
+                       batch_size=batch, seed=0, steps=steps)
+        assert result.steps == steps
+    # 13 steps of 16 are one full pass (200 / 16 -> 13 batches): the same as 1 epoch.
+    by_steps = build_model("logistic", (5,), 3, seed=0)
+    train(by_steps, DATA.x_train, DATA.y_train, epochs=1, lr=0.1, batch_size=16, seed=0,
+          steps=13)
+    np.testing.assert_array_equal(flat(by_steps), flat(fit(0, epochs=1)))
+
+
+def test_one_full_batch_step_per_user_averaged_is_one_pooled_step() -> None:
+    # HierFL's Lemma 1: with tau1 = 1 full-batch step per user and an example-weighted
+    # average, an edge round is one full-batch gradient step on the pooled data.
+    parts = [slice(0, 30), slice(30, 110), slice(110, 200)]
+    models = []
+    for part in parts:
+        model = build_model("logistic", (5,), 3, seed=0)
+        train(model, DATA.x_train[part], DATA.y_train[part], epochs=1, lr=0.5,
+              batch_size=10**6, seed=0, steps=1)
+        models.append(flat(model))
+    sizes = np.array([30, 80, 90], dtype=np.float64)
+    averaged = (sizes[:, None] * np.stack(models)).sum(axis=0) / sizes.sum()
+    pooled = build_model("logistic", (5,), 3, seed=0)
+    train(pooled, DATA.x_train, DATA.y_train, epochs=1, lr=0.5, batch_size=10**6, seed=0,
+          steps=1)
+    np.testing.assert_allclose(averaged, flat(pooled), atol=1e-6)
+
+
 def test_empty_data_is_refused() -> None:
     model = build_model("logistic", (5,), 3)
     with pytest.raises(ValueError, match="empty"):

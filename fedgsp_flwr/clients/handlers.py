@@ -3,8 +3,9 @@
 Message types and contents (record keys are constants of this module):
 
 ``train`` / ``train.relay``
-    in: ``arrays`` (model), ``config`` (``lr``, ``local-epochs``, ``batch-size``,
-    ``momentum``, ``proximal-mu``, ``server-round``; relay hops add ``relay-group`` and
+    in: ``arrays`` (model), ``config`` (``lr``, ``local-epochs`` or ``local-steps``,
+    ``batch-size``, ``momentum``, ``proximal-mu``, ``server-round``; relay hops add
+    ``relay-group`` and
     ``relay-hop``). out: ``arrays`` (trained model), ``metrics`` (``train-loss``,
     ``num-examples``; relay hops echo ``relay-group`` and ``relay-hop``).
 ``evaluate``
@@ -61,6 +62,8 @@ class TrainSettings:
     ----------
     local_epochs, batch_size : int
         Epochs and mini-batch size.
+    local_steps : int
+        If > 0, this many mini-batch steps instead of ``local_epochs`` (HierFL's tau1).
     lr, momentum, proximal_mu : float
         SGD learning rate and momentum; FedProx proximal weight.
     """
@@ -70,6 +73,7 @@ class TrainSettings:
     batch_size: int = RunConfig.batch_size
     momentum: float = RunConfig.momentum
     proximal_mu: float = 0.0
+    local_steps: int = 0
 
     @classmethod
     def from_config(cls, config: ConfigRecord, defaults: TrainSettings) -> TrainSettings:
@@ -92,9 +96,11 @@ class TrainSettings:
             batch_size=int(number("batch-size", defaults.batch_size)),
             momentum=float(number("momentum", defaults.momentum)),
             proximal_mu=float(number("proximal-mu", defaults.proximal_mu)),
+            local_steps=int(number("local-steps", defaults.local_steps)),
         )
         if (settings.local_epochs < 1 or settings.batch_size < 1 or settings.lr <= 0
-                or not 0 <= settings.momentum < 1 or settings.proximal_mu < 0):
+                or not 0 <= settings.momentum < 1 or settings.proximal_mu < 0
+                or settings.local_steps < 0):
             raise ValueError(f"invalid training settings in the message config: {settings}")
         return settings
 
@@ -231,6 +237,7 @@ def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messa
             momentum=settings.momentum,
             proximal_mu=settings.proximal_mu,
             seed=local_seed(context, config),
+            steps=settings.local_steps,
         )
         metrics: dict[str, Any] = {
             "train-loss": result.loss,
