@@ -128,6 +128,19 @@ class RunConfig:
         "train.relay", "message type of relay hops: train.relay | train (any ClientApp)")
     hop_timeout: float = _setting(
         600.0, "seconds a node may take for one relay hop", _positive, "> 0")
+    hier_policy: str = _setting(
+        "greedy", "HierFL user-edge assignment: original | random | heuristic | greedy | "
+        "equal-size | optimal")
+    hier_edges: int = _setting(10, "HierFL edges of a generated topology", _positive, "> 0")
+    hier_reach: int = _setting(
+        2, "HierFL edges in range of each user of a generated topology (r)", _positive, "> 0")
+    hier_topology: str = _setting(
+        "", "HierFL topology file, JSON or CSV, user i = partition id i ('' = generated)")
+    hier_time_limit: float = _setting(
+        10.0, "HierFL CP-SAT time limit in seconds (optimal, equal-size)", _positive, "> 0")
+    tau1: int = _setting(1, "HierFL local SGD steps per user per edge round", _positive,
+                         "> 0")
+    tau2: int = _setting(2, "HierFL edge rounds per cloud round", _positive, "> 0")
     seed: int = _setting(42, "seed of data partitions, model init and sampling")
     round_timeout: float = _setting(
         3600.0, "seconds to wait for node replies in one round", _positive, "> 0"
@@ -199,12 +212,13 @@ class RunConfig:
         from .data import LOCAL_DATASETS, SCHEMES
         from .models import MODELS
         from .strategies import STRATEGIES
+        from .strategies.edge_assignment import POLICIES
         from .strategies.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
         from .strategies.sequential import RELAY_MESSAGE_TYPES
 
         choices = {"strategy": STRATEGIES, "partition": SCHEMES, "model": MODELS,
                    "growth": GROWTH_FUNCTIONS, "icg_leftover": LEFTOVER_POLICIES,
-                   "relay_message": RELAY_MESSAGE_TYPES}
+                   "relay_message": RELAY_MESSAGE_TYPES, "hier_policy": POLICIES}
         for attribute, allowed in choices.items():
             value = getattr(self, attribute)
             if value not in allowed:

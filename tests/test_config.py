@@ -65,7 +65,8 @@ def test_unknown_keys_of_an_embedding_app_can_be_ignored() -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [("strategy", "fedsgd"), ("partition", "zipf"), ("model", "resnet"), ("dataset", "cifar"),
-     ("growth", "cubic"), ("icg-leftover", "keep"), ("relay-message", "query")],
+     ("growth", "cubic"), ("icg-leftover", "keep"), ("relay-message", "query"),
+     ("hier-policy", "best")],
 )
 def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> None:
     cfg = RunConfig.from_mapping({key: value})
@@ -93,3 +94,22 @@ def test_fedgsp_family_is_built_from_the_run_config() -> None:
     assert naive.num_groups == 7 and naive.grouping == "random"
     naive_icg = build_strategy(RunConfig.from_mapping({"strategy": "naivegsp-icg"}))
     assert naive_icg.num_groups == 1 and naive_icg.grouping == "icg"  # growth-beta
+
+
+def test_hierfl_is_built_from_the_run_config(tmp_path) -> None:
+    from fedgsp_flwr.strategies import build_strategy
+
+    cfg = {"strategy": "hierfl", "hier-policy": "optimal", "hier-edges": 4,
+           "hier-reach": 3, "tau1": 2, "tau2": 5, "hier-time-limit": 3.0}
+    RunConfig.from_mapping(cfg).check_names()
+    hier = build_strategy(RunConfig.from_mapping(cfg))
+    assert (hier.policy, hier.num_edges, hier.reach_per_user) == ("optimal", 4, 3)
+    assert (hier.tau1, hier.tau2, hier.time_limit, hier.topology) == (2, 5, 3.0, None)
+    topology = tmp_path / "t.csv"
+    topology.write_text("user,edges\n0,0\n1,0;1\n")
+    hier = build_strategy(RunConfig.from_mapping({**cfg, "hier-topology": str(topology)}))
+    assert hier.topology.reach.shape == (2, 2)
+    with pytest.raises(ValueError, match="reach_per_user must be in"):
+        build_strategy(RunConfig.from_mapping({**cfg, "hier-reach": 5}))
+    with pytest.raises(ValueError, match="topology file"):
+        build_strategy(RunConfig.from_mapping({**cfg, "hier-topology": str(tmp_path / "x.json")}))

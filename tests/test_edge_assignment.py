@@ -124,6 +124,8 @@ def test_paper_topology_gives_each_edge_two_classes_and_r_reachable_edges() -> N
             (2 * e) % 10, (2 * e + 1) % 10}
     # The paper: the original assignment scores 1.6 (two classes per edge out of ten).
     assert objective(counts, original, 10)[0] == pytest.approx(1.6)
+    one, _ = paper_topology(counts, 1, 1, np.random.default_rng(0))
+    assert one.all()
     with pytest.raises(ValueError, match="1 <= r <= edges"):
         paper_topology(counts, 10, 11, np.random.default_rng(0))
 

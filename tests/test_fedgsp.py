@@ -99,7 +99,7 @@ def test_a_node_without_the_histogram_handler_is_grouped_at_random() -> None:
     grid = grid_of(list(range(8)), without_hooks={3})
     strategy = FedGSP(num_groups=2, kappa=1.0, seed=0, fraction_evaluate=0.0)
     start(strategy, grid, rounds=2)
-    assert 3 in strategy.without_histogram and "histogram" in strategy.without_histogram[3]
+    assert 3 in strategy.known.without and "histogram" in strategy.known.without[3]
     queries = [n for _, n, t, _ in grid.pushed if t == "query.histogram"]
     assert queries.count(3) == 1, "a node without the handler must be asked only once"
     trained_nodes = {n for _, n, t, _ in grid.pushed if t == "train.relay"}

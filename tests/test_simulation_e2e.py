@@ -61,6 +61,22 @@ def test_fedgsp_relays_through_the_simulation_engine(sim: LocalSimulation,
     assert rounds[2]["bytes-sent"] > 0 and "cpd-median" in rounds[2]
 
 
+def test_hierfl_trains_users_edges_and_cloud_through_the_engine(sim: LocalSimulation,
+                                                               tmp_path: Path) -> None:
+    outcome = sim.run({**TINY, "num-server-rounds": 2, "strategy": "hierfl",
+                       "hier-policy": "optimal", "hier-edges": 2, "hier-reach": 2,
+                       "hier-time-limit": 5.0, "tau1": 2, "tau2": 2, "min-available-nodes": 6,
+                       "results-dir": str(tmp_path), "run-name": "hier"},
+                      num_supernodes=6, log_path=tmp_path / "hier.log", timeout=600)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    rounds = read_metrics(tmp_path / "hier")["rounds"]
+    for r in rounds[1:]:
+        assert r["user-edge-messages"] == 12 and r["train-replies"] == 12
+        assert r["assignment-objective"] <= r["original-objective"] + 1e-12
+    assert rounds[2]["central-acc"] > rounds[0]["central-acc"]
+    assert "HierFL: optimal assignment of 6 users to 2 edges" in outcome.log_path.read_text()
+
+
 def test_a_failing_run_is_reported_not_hidden(sim: LocalSimulation, tmp_path: Path) -> None:
     # 'hybrid' partitions need the hybrid dataset: the ServerApp raises at start.
     outcome = sim.run({**TINY, "partition": "hybrid", "results-dir": str(tmp_path)},

@@ -12,8 +12,10 @@ from typing import Any
 from flwr.serverapp.strategy import Strategy
 
 from ..config import ConfigError, RunConfig
+from .edge_assignment import load_topology
 from .fedavg import FedAvg, FedProx, ValidatedAggregation
 from .fedgsp import FedGSP
+from .hierfl import HierFL
 from .replies import filter_replies, reply_problem
 from .sequential import RelayStrategy
 
@@ -51,12 +53,28 @@ def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool) -> Strategy:
     )
 
 
+def _hierfl(cfg: RunConfig) -> Strategy:
+    return HierFL(
+        policy=cfg.hier_policy,
+        num_edges=cfg.hier_edges,
+        reach_per_user=cfg.hier_reach,
+        topology=load_topology(cfg.hier_topology) if cfg.hier_topology else None,
+        tau1=cfg.tau1,
+        tau2=cfg.tau2,
+        time_limit=cfg.hier_time_limit,
+        edge_round_timeout=cfg.round_timeout,
+        seed=cfg.seed,
+        **sampling_kwargs(cfg),
+    )
+
+
 STRATEGIES: dict[str, Callable[[RunConfig], Strategy]] = {
     "fedavg": lambda cfg: FedAvg(**sampling_kwargs(cfg)),
     "fedprox": lambda cfg: FedProx(**sampling_kwargs(cfg), proximal_mu=cfg.proximal_mu),
     "fedgsp": lambda cfg: _fedgsp(cfg, "icg", fixed_groups=False),
     "naivegsp": lambda cfg: _fedgsp(cfg, "random", fixed_groups=True),
     "naivegsp-icg": lambda cfg: _fedgsp(cfg, "icg", fixed_groups=True),
+    "hierfl": _hierfl,
 }
 
 
@@ -80,6 +98,7 @@ __all__ = [
     "FedAvg",
     "FedGSP",
     "FedProx",
+    "HierFL",
     "RelayStrategy",
     "ValidatedAggregation",
     "build_strategy",

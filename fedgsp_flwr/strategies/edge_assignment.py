@@ -621,9 +621,10 @@ def paper_topology(counts: np.ndarray, num_edges: int, reach_per_user: int,
         turn[c] += 1
     reach = np.zeros((num_edges, n_users), dtype=bool)
     reach[original, np.arange(n_users)] = True
-    for u in range(n_users):
-        others = [e for e in range(num_edges) if e != original[u]]
-        reach[rng.choice(others, reach_per_user - 1, replace=False), u] = True
+    if reach_per_user > 1:
+        for u in range(n_users):
+            others = [e for e in range(num_edges) if e != original[u]]
+            reach[rng.choice(others, reach_per_user - 1, replace=False), u] = True
     return reach, original
 
 

@@ -3,15 +3,37 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
 from .replies import filter_replies
+
+
+def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
+    """The weighted mean of models with the same keys, shapes and dtypes.
+
+    Raises
+    ------
+    ValueError
+        If there is no model, or the weights are not positive.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if not records or len(w) != len(records) or not (w > 0).all():
+        raise ValueError(f"need models and positive weights, got {len(records)} models "
+                         f"and weights {w.tolist()}")
+    w /= w.sum()
+    averaged = {}
+    for key in records[0].keys():
+        values = [r[key].numpy() for r in records]
+        mean = sum(wi * v for wi, v in zip(w, values, strict=True))
+        averaged[key] = Array(np.asarray(mean).astype(values[0].dtype))
+    return ArrayRecord(averaged)
 
 
 class ValidatedAggregation:
@@ -139,3 +161,33 @@ class FedProx(ValidatedAggregation, FlowerFedProx):
     Takes the parameters of :class:`flwr.serverapp.strategy.FedProx`; clients add
     ``proximal-mu``/2 ||w - w_global||^2 to their loss.
     """
+
+
+class ServerSideRound(FedAvg):
+    """Base of strategies that run a whole training round inside ``configure_train``,
+    driving the grid themselves (relay chains, edge rounds), and hand the round's model
+    to Flower's loop through ``aggregate_train``.
+
+    Subclasses end ``configure_train`` with ``return self.finish_round(...)``.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._round_result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
+
+    def finish_round(self, server_round: int, arrays: ArrayRecord | None,
+                     metrics: dict[str, Any], used: int,
+                     rejected: dict[int, str]) -> list[Message]:
+        """Keep the round's model and metrics for ``aggregate_train``, record the round,
+        and return no messages (Flower's loop then has none to send).
+        """
+        self._round_result = (arrays, MetricRecord(metrics))
+        self._record(server_round, "train", self._round_result[1], used, rejected)
+        return []
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Return the model and metrics of this round (computed in configure_train)."""
+        result, self._round_result = self._round_result, (None, None)
+        return result

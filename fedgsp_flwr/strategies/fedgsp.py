@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from .grouping import (
     random_groups,
     spread,
 )
-from .queries import query_histograms
+from .queries import NodeHistograms
 from .sequential import RelayStrategy
 
 GROUPINGS = ("icg", "random")
@@ -111,10 +111,8 @@ class FedGSP(RelayStrategy):
         self.icg_iterations, self.icg_leftover = icg_iterations, icg_leftover
         self.icg_normalize, self.icg_balance = icg_normalize, icg_balance
         self.histogram_timeout, self.cpd_sigma = histogram_timeout, cpd_sigma
-        self.histograms: dict[int, np.ndarray] = {}
+        self.known = NodeHistograms("FedGSP", histogram_timeout)
         self._connected = 0
-        self.without_histogram: dict[int, str] = {}
-        self.partition_ids: dict[int, int] = {}
 
     def summary(self) -> None:
         """Log FedGSP's settings, then the relay's and FedAvg's."""
@@ -126,25 +124,7 @@ class FedGSP(RelayStrategy):
 
     def refresh_histograms(self, grid: Grid, nodes: list[int]) -> None:
         """Ask the nodes not seen before for their class histograms."""
-        new = [n for n in nodes if n not in self.histograms and n not in self.without_histogram]
-        if not new:
-            return
-        known = next(iter(self.histograms.values()), None)
-        replies = query_histograms(grid, new, self.histogram_timeout,
-                                   None if known is None else len(known))
-        self.histograms.update(replies.histograms)
-        self.partition_ids.update(replies.partition_ids)
-        self.without_histogram.update(replies.failed)
-        if replies.failed:
-            log(WARNING, "FedGSP: %d node(s) without a histogram are grouped at random",
-                len(replies.failed))
-
-    def node_order(self, nodes: list[int]) -> list[int]:
-        """Nodes by reported partition id, then node id: the same order in every run
-        of a seed wherever nodes report their partition (node ids are random).
-        """
-        return sorted(nodes, key=lambda n: (n not in self.partition_ids,
-                                            self.partition_ids.get(n, 0), n))
+        self.known.refresh(grid, nodes)
 
     def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
         """The paper's traffic per round (Eq. 17 with R = 1): 2 kappa K |model| bytes."""
@@ -152,13 +132,13 @@ class FedGSP(RelayStrategy):
 
     def cpd_metrics(self, groups: list[list[int]]) -> dict[str, float]:
         """Median and mean CPD between the groups (over members with histograms)."""
-        scored = [[n for n in g if n in self.histograms] for g in groups]
+        scored = [[n for n in g if n in self.known.histograms] for g in groups]
         scored = [g for g in scored if g]
         if len(scored) < 2:
             return {}
         members = sorted({n for g in scored for n in g})
         cpds = pairwise_cpd(class_distributions(
-            np.stack([self.histograms[n] for n in members]), scored, members), self.cpd_sigma)
+            np.stack([self.known.histograms[n] for n in members]), scored, members), self.cpd_sigma)
         return {"cpd-median": float(np.median(cpds)), "cpd-mean": float(np.mean(cpds))}
 
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
@@ -166,17 +146,17 @@ class FedGSP(RelayStrategy):
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         self._connected = len(connected)
         self.refresh_histograms(grid, connected)  # random grouping too: its CPD is reported
-        nodes = self.node_order(connected)
+        nodes = self.known.order(connected)
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
                                               self.beta, len(nodes)), len(nodes))
-        with_hist = [n for n in nodes if n in self.histograms]
+        with_hist = [n for n in nodes if n in self.known.histograms]
         if self.grouping == "icg" and with_hist:
-            result = icg(np.stack([self.histograms[n] for n in with_hist]),
+            result = icg(np.stack([self.known.histograms[n] for n in with_hist]),
                          min(m, len(with_hist)), self.rng, client_ids=with_hist,
                          max_iter=self.icg_iterations, normalize=self.icg_normalize,
                          leftover=self.icg_leftover, balance=self.icg_balance)
             groups = result.groups + [[] for _ in range(m - len(result.groups))]
-            rest = [n for n in nodes if n not in self.histograms]
+            rest = [n for n in nodes if n not in self.known.histograms]
             for i, g in zip(self.rng.permutation(len(rest)), spread(self.rng, m, len(rest)),
                             strict=True):
                 groups[g].append(rest[i])

@@ -131,3 +131,59 @@ def query_histograms(
     for node, reason in out.failed.items():
         log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
     return out
+
+
+class NodeHistograms:
+    """The class histograms of the nodes seen so far, each asked once.
+
+    Parameters
+    ----------
+    owner : str
+        Strategy name for log lines.
+    timeout : float
+        Seconds to wait for ``query.histogram`` replies.
+
+    Attributes
+    ----------
+    histograms : dict[int, np.ndarray]
+        Label counts by node id.
+    without : dict[int, str]
+        Why each node that could not answer has no histogram (asked once only).
+    partition_ids : dict[int, int]
+        The ``partition-id`` nodes reported.
+    """
+
+    def __init__(self, owner: str, timeout: float) -> None:
+        self.owner, self.timeout = owner, timeout
+        self.histograms: dict[int, np.ndarray] = {}
+        self.without: dict[int, str] = {}
+        self.partition_ids: dict[int, int] = {}
+
+    def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
+        """Ask the nodes not seen before for their class histograms."""
+        new = [n for n in nodes if n not in self.histograms and n not in self.without]
+        if not new:
+            return
+        known = next(iter(self.histograms.values()), None)
+        replies = query_histograms(grid, new, self.timeout,
+                                   None if known is None else len(known))
+        self.histograms.update(replies.histograms)
+        self.partition_ids.update(replies.partition_ids)
+        self.without.update(replies.failed)
+        if replies.failed:
+            log(WARNING, "%s: %d node(s) without a histogram are placed at random",
+                self.owner, len(replies.failed))
+
+    def forget(self, nodes: Sequence[int]) -> None:
+        """Drop what is known of nodes that left (a node that comes back is asked anew)."""
+        for node in nodes:
+            self.histograms.pop(node, None)
+            self.without.pop(node, None)
+            self.partition_ids.pop(node, None)
+
+    def order(self, nodes: Sequence[int]) -> list[int]:
+        """Nodes by reported partition id, then node id: the same order in every run
+        of a seed wherever nodes report their partition (node ids are random).
+        """
+        return sorted(nodes, key=lambda n: (n not in self.partition_ids,
+                                            self.partition_ids.get(n, 0), n))

@@ -9,17 +9,17 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .fedavg import FedAvg
+from .fedavg import ServerSideRound, average_arrays
 from .relay import ChainResult, run_relay
 
 RELAY_MESSAGE_TYPES = ("train.relay", "train")
 
 
-class RelayStrategy(FedAvg):
+class RelayStrategy(ServerSideRound):
     """A FedAvg whose training rounds run as sequential chains of nodes.
 
     Flower's ``Strategy.start`` loop is kept: :meth:`configure_train` runs the round's
@@ -70,7 +70,6 @@ class RelayStrategy(FedAvg):
         self.weighted_average = weighted_average
         self.local_epochs = local_epochs
         self.rng = np.random.default_rng(seed)
-        self._round_result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
 
     @abstractmethod
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
@@ -101,33 +100,18 @@ class RelayStrategy(FedAvg):
                             weighted_by_key=self.weighted_by_key)
         metrics.update(relay_metrics(results, time.monotonic() - started))
         metrics.update(self.traffic_estimate(arrays.count_bytes()))
-        self._round_result = (self.average(results), MetricRecord(metrics))
         skipped = {node: "skipped" for r in results for node in r.skipped}
-        self._record(server_round, "train", self._round_result[1],
-                     sum(r.trained for r in results), skipped)
-        return []
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Return the average of this round's chain models (computed in configure_train)."""
-        result, self._round_result = self._round_result, (None, None)
-        return result
+        return self.finish_round(server_round, self.average(results), metrics,
+                                 sum(r.trained for r in results), skipped)
 
     def average(self, results: Sequence[ChainResult]) -> ArrayRecord | None:
         """Average the trained chains' models (example-weighted or uniform)."""
         trained = [r for r in results if r.trained]
         if not trained:
             return None
-        weights = np.array([r.num_examples if self.weighted_average else 1.0
-                            for r in trained], dtype=np.float64)
-        weights /= weights.sum()
-        averaged = {}
-        for key in trained[0].arrays.keys():
-            values = [r.arrays[key].numpy() for r in trained]
-            mean = sum(w * v for w, v in zip(weights, values, strict=True))
-            averaged[key] = Array(np.asarray(mean).astype(values[0].dtype))
-        return ArrayRecord(averaged)
+        return average_arrays([r.arrays for r in trained],
+                              [r.num_examples if self.weighted_average else 1.0
+                               for r in trained])
 
 
 def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, Any]:

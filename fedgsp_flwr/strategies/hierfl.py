@@ -1,0 +1,251 @@
+"""HierFL: hierarchical user-edge-cloud training over an optimised user-edge assignment."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any, cast
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from .edge_assignment import (
+    POLICIES,
+    AssignmentProblem,
+    Topology,
+    assign,
+    objective,
+    paper_topology,
+)
+from .fedavg import ServerSideRound, average_arrays
+from .queries import NodeHistograms, collect_replies
+from .replies import filter_replies
+
+
+class HierFL(ServerSideRound):
+    """Hierarchical FL (Mhaisen et al.): users train with their edge, edges with the cloud.
+
+    Histograms are asked once per node (``query.histogram``). The users (nodes, ordered
+    by reported partition id) are assigned to edges with the configured policy (see
+    :func:`~fedgsp_flwr.strategies.edge_assignment.assign`), again, warm-started from the
+    previous assignment, whenever the set of connected nodes changes. Each cloud round
+    (one server round) runs ``tau2`` edge rounds: every user of an edge (a
+    ``fraction_train`` sample) takes ``tau1`` local SGD steps from its edge's model and
+    the edge averages its users' models weighted by examples; then the cloud averages
+    the edge models weighted by the edges' examples. Edges are virtual aggregators on
+    the server.
+
+    Parameters
+    ----------
+    policy : str (default: "greedy")
+        Assignment policy, one of :data:`~fedgsp_flwr.strategies.edge_assignment.POLICIES`.
+    num_edges : int (default: 10)
+        E, for a generated topology.
+    reach_per_user : int (default: 2)
+        r, for a generated topology (the paper's setting, see
+        :func:`~fedgsp_flwr.strategies.edge_assignment.paper_topology`).
+    topology : Topology | None (default: None)
+        A given topology, user i being the node with partition id i; overrides the
+        generated one.
+    tau1 : int (default: 1)
+        Local SGD steps per user per edge round (1: the paper's FedSGD).
+    tau2 : int (default: 2)
+        Edge rounds per cloud round.
+    time_limit : float (default: 10.0)
+        CP-SAT's time limit for the ``optimal`` and ``equal-size`` policies.
+    histogram_timeout : float (default: 120.0)
+        Seconds to wait for ``query.histogram`` replies.
+    edge_round_timeout : float (default: 600.0)
+        Seconds to wait for the users' replies in one edge round.
+    seed : int (default: 0)
+        Seed of the generated topology, the random policy and user sampling.
+    **kwargs : Any
+        FedAvg parameters (``fraction_train``, ``min_available_nodes``, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: str = "greedy",
+        num_edges: int = 10,
+        reach_per_user: int = 2,
+        topology: Topology | None = None,
+        tau1: int = 1,
+        tau2: int = 2,
+        time_limit: float = 10.0,
+        histogram_timeout: float = 120.0,
+        edge_round_timeout: float = 600.0,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        checks = [
+            (policy in POLICIES, f"policy must be one of {POLICIES}"),
+            (num_edges >= 1, "num_edges must be >= 1"),
+            (1 <= reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
+            (tau1 >= 1 and tau2 >= 1, "tau1 and tau2 must be >= 1"),
+            (time_limit > 0 and histogram_timeout > 0 and edge_round_timeout > 0,
+             "timeouts must be > 0"),
+            (policy != "original" or topology is None or topology.original is not None,
+             "policy 'original' needs a topology with an original assignment"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"HierFL: {message}")
+        self.policy, self.num_edges, self.reach_per_user = policy, num_edges, reach_per_user
+        self.topology = topology
+        self.tau1, self.tau2 = tau1, tau2
+        self.time_limit, self.edge_round_timeout = time_limit, edge_round_timeout
+        self.rng = np.random.default_rng(seed)
+        self.known = NodeHistograms("HierFL", histogram_timeout)
+        self.users: list[int] = []  # node ids, user index order
+        self.edge_of: dict[int, int] = {}
+        self._generated: dict[int, tuple[np.ndarray, int]] = {}  # node -> (reach, original)
+        self._assignment_metrics: dict[str, float] = {}
+
+    def summary(self) -> None:
+        """Log HierFL's settings, then FedAvg's."""
+        where = ("a topology file" if self.topology is not None else
+                 f"{self.num_edges} edges, r={self.reach_per_user}")
+        log(INFO, "\t├──> HierFL: %s assignment over %s, tau1=%d, tau2=%d", self.policy,
+            where, self.tau1, self.tau2)
+        super().summary()
+
+    # --- assignment -------------------------------------------------------------------
+
+    def problem_for(self, users: list[int]) -> tuple[AssignmentProblem, np.ndarray | None]:
+        """The assignment problem over ``users`` (node ids) and their original edges."""
+        width = max((len(h) for h in self.known.histograms.values()), default=1)
+        counts = np.stack([self.known.histograms.get(u, np.zeros(width, np.int64))
+                           for u in users])
+        if self.topology is not None:
+            index = [self.known.partition_ids.get(u, -1) for u in users]
+            if min(index) < 0 or max(index) >= self.topology.reach.shape[1]:
+                raise ValueError(
+                    "HierFL: a topology file needs every node to report a partition-id "
+                    f"in [0, {self.topology.reach.shape[1]})")
+            reach = self.topology.reach[:, index]
+            original = (None if self.topology.original is None
+                        else self.topology.original[index])
+            return AssignmentProblem(counts, reach, self.topology.capacity), original
+        new = [i for i, u in enumerate(users) if u not in self._generated]
+        if new:
+            reach, original = paper_topology(counts[new], self.num_edges,
+                                             self.reach_per_user, self.rng)
+            for j, i in enumerate(new):
+                self._generated[users[i]] = (reach[:, j], int(original[j]))
+        reach = np.stack([self._generated[u][0] for u in users], axis=1)
+        original = np.array([self._generated[u][1] for u in users], dtype=np.int64)
+        return AssignmentProblem(counts, reach), original
+
+    def reassign(self, users: list[int]) -> None:
+        """Solve the assignment over ``users``, warm-started from the previous one."""
+        problem, original = self.problem_for(users)
+        hint = None
+        if self.edge_of and self.policy in ("optimal", "equal-size"):
+            previous = assign(problem, "greedy", self.rng).assignment
+            for i, u in enumerate(users):
+                if u in self.edge_of and problem.reach[self.edge_of[u], i]:
+                    previous[i] = self.edge_of[u]
+            try:
+                hint = problem.check(previous)
+            except ValueError:
+                hint = None
+        result = assign(problem, self.policy, self.rng, original=original, hint=hint,
+                        time_limit=self.time_limit)
+        moved = sum(1 for i, u in enumerate(users)
+                    if u in self.edge_of and self.edge_of[u] != result.assignment[i])
+        joined = sum(1 for u in users if u not in self.edge_of)
+        left = len(set(self.edge_of) - set(users))
+        self.users = list(users)
+        self.edge_of = {u: int(e) for u, e in zip(users, result.assignment, strict=True)}
+        with_data = problem.counts.sum(axis=1) > 0
+        present = problem.counts[with_data] > 0
+        coverage = [present[result.assignment[with_data] == e].any(axis=0).mean()
+                    for e in range(problem.num_edges)
+                    if (result.assignment[with_data] == e).any()]
+        self._assignment_metrics = {
+            "assignment-objective": result.objective,
+            "assignment-seconds": result.seconds,
+            "edge-class-coverage-min": float(min(coverage, default=0.0)),
+            "edge-class-coverage-mean": float(np.mean(coverage)) if coverage else 0.0,
+        }
+        if result.bound is not None:
+            self._assignment_metrics["assignment-bound"] = result.bound
+        if original is not None:
+            self._assignment_metrics["original-objective"] = objective(
+                problem.counts, original, problem.num_edges)[0]
+        log(INFO, "HierFL: %s assignment of %d users to %d edges: J=%.4f (%s, %.2fs); "
+            "%d joined, %d left, %d moved", self.policy, len(users), problem.num_edges,
+            result.objective, result.status, result.seconds, joined, left, moved)
+
+    # --- training ---------------------------------------------------------------------
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Run the cloud round's ``tau2`` edge rounds; the result waits for aggregate_train."""
+        started = time.monotonic()
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
+        gone = [u for u in self.edge_of if u not in connected]
+        self.known.forget(gone)
+        self.known.refresh(grid, connected)
+        users = self.known.order(connected)
+        if set(users) != set(self.edge_of):
+            self.reassign(users)
+        edge_models = {e: arrays for e in set(self.edge_of.values())}
+        edge_weight: dict[int, float] = {}
+        rejected: dict[int, str] = {}
+        sent = received = messages = used = 0
+        for edge_round in range(self.tau2):
+            train_config = ConfigRecord(dict(config))
+            train_config["server-round"] = server_round
+            train_config["edge-round"] = edge_round
+            train_config["local-steps"] = self.tau1
+            outgoing = []
+            for edge, model in edge_models.items():
+                members = [u for u in self.users if self.edge_of[u] == edge]
+                take = max(1, round(self.fraction_train * len(members)))
+                # Node ids may exceed int64: sample positions, never the ids.
+                for i in sorted(self.rng.choice(len(members), take, replace=False).tolist()):
+                    content = RecordDict({"arrays": model, "config": train_config})
+                    outgoing.append(Message(content=content, dst_node_id=members[i],
+                                            message_type="train"))
+            sent += sum(m.content.array_records["arrays"].count_bytes() for m in outgoing)
+            messages += len(outgoing)
+            replies = collect_replies(grid, outgoing, self.edge_round_timeout)
+            for edge in list(edge_models):
+                mine = [replies[u] for u in self.users
+                        if self.edge_of[u] == edge and u in replies]
+                received += sum(r.count_bytes() for m in mine if m.has_content()
+                                for r in m.content.array_records.values())
+                sound, bad = filter_replies(mine, reference=edge_models[edge],
+                                            weighted_by_key=self.weighted_by_key,
+                                            require_arrays=True, stage=f"edge {edge}")
+                rejected.update(bad)
+                used += len(sound)
+                if not sound:  # nothing trained: the edge keeps its model
+                    continue
+                sound.sort(key=lambda m: m.metadata.src_node_id)
+                # filter_replies checked the weights: finite numbers > 0
+                weights = [float(cast(float, m.content["metrics"][self.weighted_by_key]))
+                           for m in sound]
+                edge_models[edge] = average_arrays(
+                    [m.content.array_records["arrays"] for m in sound], weights)
+                edge_weight[edge] = sum(weights)
+        trained = [e for e in edge_models if e in edge_weight]
+        cloud = (average_arrays([edge_models[e] for e in trained],
+                                [edge_weight[e] for e in trained]) if trained else None)
+        if cloud is None:
+            log(WARNING, "HierFL round %d: no edge trained; the global model is kept",
+                server_round)
+        metrics: dict[str, Any] = dict(self._assignment_metrics)
+        metrics.update({"edges-trained": len(trained), "edge-rounds": self.tau2,
+                        "user-edge-messages": messages, "bytes-sent": sent,
+                        "bytes-received": received, "cloud-round-time":
+                        time.monotonic() - started})
+        return self.finish_round(server_round, cloud, metrics, used, rejected)
