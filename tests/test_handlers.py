@@ -161,3 +161,13 @@ def test_bad_training_settings_in_a_message_are_refused(app: ClientApp, config: 
     content = RecordDict({"arrays": global_arrays(), "config": ConfigRecord(config)})
     with pytest.raises(ValueError, match=fragment):
         app(instruction(content, "train"), make_context(0))
+
+
+def test_histogram_reply_carries_the_edges_of_the_node_config(app: ClientApp) -> None:
+    context = make_context(0)
+    context.node_config["edges"] = "3, 0"
+    reply = app(instruction(RecordDict(), "query.histogram"), context)
+    assert reply.content["metrics"]["edges"] == [0, 3]
+    context.node_config["edges"] = "north"
+    with pytest.raises(ValueError, match="node config 'edges' must list edge indices"):
+        app(instruction(RecordDict(), "query.histogram"), context)

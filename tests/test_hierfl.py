@@ -32,10 +32,12 @@ def model(_context: Context | None = None, _data: ClientData | None = None) -> o
     return build_model("logistic", (6,), CLASSES, seed=0)
 
 
-def app_for(node: int) -> object:
+def app_for(node: int, edges: str | None = None) -> object:
     hooks = ClientHooks(load_data=lambda _c, n=node: node_data(n), build_model=model)
     app = register_hooks(ClientApp(), hooks, handlers=HANDLERS)
     context = make_context(node, 100)
+    if edges is not None:
+        context.node_config["edges"] = edges
     return lambda message, a=app, c=context: a(message, c)
 
 
@@ -115,3 +117,14 @@ def test_bad_parameters_are_refused() -> None:
         HierFL(num_edges=2, reach_per_user=3)
     with pytest.raises(ValueError, match="tau1 and tau2"):
         HierFL(tau2=0)
+
+
+def test_edges_stated_in_the_node_config_are_the_nodes_reach() -> None:
+    stated = {n: ("0" if n % 2 else "1,2") for n in range(8)}
+    grid = FakeGrid({n: app_for(n, stated[n]) for n in range(8)})
+    strategy = HierFL(num_edges=3, reach_per_user=3, fraction_evaluate=0.0,
+                      min_available_nodes=8)
+    start(strategy, grid, 1)
+    assert strategy.known.edges == {n: ([0] if n % 2 else [1, 2]) for n in range(8)}
+    for node, edge in strategy.edge_of.items():
+        assert edge == 0 if node % 2 else edge in (1, 2)

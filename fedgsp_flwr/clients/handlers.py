@@ -12,7 +12,9 @@ Message types and contents (record keys are constants of this module):
     in: ``arrays``. out: ``metrics`` (``eval-loss``, ``eval-acc``, ``num-examples``).
 ``query.histogram``
     in: nothing. out: ``histogram`` (ArrayRecord with one int64 array of label counts),
-    ``metrics`` (``num-examples``, and ``partition-id`` if the node config has one).
+    ``metrics`` (``num-examples``, and ``partition-id`` if the node config has one;
+    ``edges``, the HierFL edges in the node's range, if its node config states them
+    as ``edges="0,3"``).
 ``query.sketch``
     in: ``arrays`` (the anchor model). out: ``sketch`` (ArrayRecord with one float32
     unit-norm vector), ``metrics`` (``num-examples``, ``partition-id`` as above).
@@ -277,10 +279,34 @@ def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
 
     def handle(message: Message, context: Context) -> Message:
         data = hooks.load_data(context)
-        return _vector_reply(message, context, HISTOGRAM_KEY, data.histogram(),
-                             len(data.y_train))
+        reply = _vector_reply(message, context, HISTOGRAM_KEY, data.histogram(),
+                              len(data.y_train))
+        if (edges := node_edges(context)) is not None:
+            reply.content.metric_records[METRICS_KEY]["edges"] = edges
+        return reply
 
     return handle
+
+
+def node_edges(context: Context) -> list[int] | None:
+    """The HierFL edges a node states in its node config (``edges="0,3"``), if any.
+
+    Raises
+    ------
+    ValueError
+        If the value is not a list of edge indices >= 0.
+    """
+    value = context.node_config.get("edges")
+    if value is None:
+        return None
+    try:
+        edges = sorted({int(x) for x in str(value).split(",") if x.strip()})
+    except ValueError:
+        edges = []
+    if not edges or edges[0] < 0:
+        raise ValueError(f"node config 'edges' must list edge indices >= 0 like \"0,3\", "
+                         f"got {value!r}")
+    return edges
 
 
 def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:

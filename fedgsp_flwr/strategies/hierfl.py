@@ -47,7 +47,9 @@ class HierFL(ServerSideRound):
         E, for a generated topology.
     reach_per_user : int (default: 2)
         r, for a generated topology (the paper's setting, see
-        :func:`~fedgsp_flwr.strategies.edge_assignment.paper_topology`).
+        :func:`~fedgsp_flwr.strategies.edge_assignment.paper_topology`). A node whose
+        node config states its edges (``edges="0,3"``, reported with its histogram)
+        reaches those instead.
     topology : Topology | None (default: None)
         A given topology, user i being the node with partition id i; overrides the
         generated one.
@@ -140,6 +142,16 @@ class HierFL(ServerSideRound):
                 self._generated[users[i]] = (reach[:, j], int(original[j]))
         reach = np.stack([self._generated[u][0] for u in users], axis=1)
         original = np.array([self._generated[u][1] for u in users], dtype=np.int64)
+        for i, u in enumerate(users):  # a node's stated edges replace generated ones
+            stated = [e for e in self.known.edges.get(u, []) if e < self.num_edges]
+            if len(stated) < len(self.known.edges.get(u, [])):
+                log(WARNING, "HierFL: node %d states edges %s; only %d edges exist", u,
+                    self.known.edges[u], self.num_edges)
+            if stated:
+                reach[:, i] = False
+                reach[stated, i] = True
+                if not reach[original[i], i]:
+                    original[i] = stated[0]
         return AssignmentProblem(counts, reach), original
 
     def reassign(self, users: list[int]) -> None:

@@ -77,11 +77,14 @@ class HistogramReplies:
         Why each other node has none.
     partition_ids : dict[int, int]
         The ``partition-id`` nodes reported (for a run-independent node order).
+    edges : dict[int, list[int]]
+        The HierFL edges nodes reported in range (their ``edges`` node config).
     """
 
     histograms: dict[int, np.ndarray] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     partition_ids: dict[int, int] = field(default_factory=dict)
+    edges: dict[int, list[int]] = field(default_factory=dict)
 
 
 def query_histograms(
@@ -126,6 +129,10 @@ def query_histograms(
             partition = None if metrics is None else metrics.get("partition-id")
             if isinstance(partition, int):
                 out.partition_ids[node] = partition
+            edges = None if metrics is None else metrics.get("edges")
+            if isinstance(edges, list) and edges and all(
+                    isinstance(e, int) and e >= 0 for e in edges):
+                out.edges[node] = [int(e) for e in edges]
         else:
             out.failed[node] = problem
     for node, reason in out.failed.items():
@@ -151,6 +158,8 @@ class NodeHistograms:
         Why each node that could not answer has no histogram (asked once only).
     partition_ids : dict[int, int]
         The ``partition-id`` nodes reported.
+    edges : dict[int, list[int]]
+        The HierFL edges nodes reported in range.
     """
 
     def __init__(self, owner: str, timeout: float) -> None:
@@ -158,6 +167,7 @@ class NodeHistograms:
         self.histograms: dict[int, np.ndarray] = {}
         self.without: dict[int, str] = {}
         self.partition_ids: dict[int, int] = {}
+        self.edges: dict[int, list[int]] = {}
 
     def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
         """Ask the nodes not seen before for their class histograms."""
@@ -169,6 +179,7 @@ class NodeHistograms:
                                    None if known is None else len(known))
         self.histograms.update(replies.histograms)
         self.partition_ids.update(replies.partition_ids)
+        self.edges.update(replies.edges)
         self.without.update(replies.failed)
         if replies.failed:
             log(WARNING, "%s: %d node(s) without a histogram are placed at random",
@@ -180,6 +191,7 @@ class NodeHistograms:
             self.histograms.pop(node, None)
             self.without.pop(node, None)
             self.partition_ids.pop(node, None)
+            self.edges.pop(node, None)
 
     def order(self, nodes: Sequence[int]) -> list[int]:
         """Nodes by reported partition id, then node id: the same order in every run
