@@ -186,3 +186,12 @@ def test_topology_must_match_the_number_of_users(tmp_path) -> None:
     (tmp_path / "t.json").write_text('{"reach": [[1, 1, 1]]}')
     with pytest.raises(ValueError, match="describes 3 users, the run has 4"):
         load_topology(tmp_path / "t.json", num_users=4)
+
+
+def test_users_without_data_are_placed_by_every_policy() -> None:
+    # Nodes without a histogram enter with zero counts (HierFL): J is 0, nothing fails.
+    problem = AssignmentProblem(np.zeros((4, 3), dtype=np.int64), np.ones((2, 4), bool))
+    for policy in POLICIES:
+        result = assign(problem, policy, np.random.default_rng(0), time_limit=2,
+                        original=np.zeros(4, dtype=np.int64))
+        assert result.objective == 0.0 and len(result.assignment) == 4

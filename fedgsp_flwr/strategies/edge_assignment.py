@@ -572,7 +572,7 @@ def _cp_sat(problem: AssignmentProblem, equal_size: bool, hint: np.ndarray | Non
             k = int(solver.value(xs[g, e]))
             x[users[filled:filled + k]] = e
             filled += k
-    bound = None if equal_size else float(solver.best_objective_bound) / n**2
+    bound = None if equal_size else float(solver.best_objective_bound) / max(n, 1) ** 2
     return x, bound, "optimal" if status == cp_model.OPTIMAL else "feasible"
 
 
