@@ -87,7 +87,7 @@ def test_icg_groups_are_more_alike_than_random_ones() -> None:
     def median_cpd(grouping: str, seed: int) -> float:
         strategy = FedGSP(num_groups=4, grouping=grouping, seed=seed, fraction_evaluate=0.0)
         grid = grid_of(list(range(16)))
-        strategy.refresh_histograms(grid, list(range(16)))  # random grouping is scored too
+        strategy.known.refresh(grid, list(range(16)))  # random grouping is scored too
         return strategy.make_chains(1, grid)[1]["cpd-median"]
 
     icg_cpd = [median_cpd("icg", s) for s in range(4)]

@@ -36,6 +36,12 @@ def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> 
     return ArrayRecord(averaged)
 
 
+def array_bytes(messages: Iterable[Message]) -> int:
+    """Bytes of the ArrayRecords the messages carry (error replies carry none)."""
+    return sum(record.count_bytes() for m in messages if m.has_content()
+               for record in m.content.array_records.values())
+
+
 class ValidatedAggregation:
     """Mixin for Flower message-API strategies: validate each reply, keep a history.
 
@@ -96,9 +102,7 @@ class ValidatedAggregation:
         sound.sort(key=lambda m: next(iter(m.content.array_records.values())).object_id)
         arrays, metrics = super().aggregate_train(server_round, sound)  # type: ignore[misc]
         self._record(server_round, "train", metrics, len(sound), rejected)
-        self.history[server_round]["bytes-received"] = sum(
-            record.count_bytes() for m in replies if m.has_content()
-            for record in m.content.array_records.values())
+        self.history[server_round]["bytes-received"] = array_bytes(replies)
         return arrays, metrics
 
     def aggregate_evaluate(

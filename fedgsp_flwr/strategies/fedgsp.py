@@ -110,7 +110,7 @@ class FedGSP(RelayStrategy):
         self.grouping, self.num_groups = grouping, num_groups
         self.icg_iterations, self.icg_leftover = icg_iterations, icg_leftover
         self.icg_normalize, self.icg_balance = icg_normalize, icg_balance
-        self.histogram_timeout, self.cpd_sigma = histogram_timeout, cpd_sigma
+        self.cpd_sigma = cpd_sigma
         self.known = NodeHistograms("FedGSP", histogram_timeout)
         self._connected = 0
 
@@ -121,10 +121,6 @@ class FedGSP(RelayStrategy):
         log(INFO, "\t├──> FedGSP: %s, %s grouping, kappa=%g", groups, self.grouping,
             self.kappa)
         super().summary()
-
-    def refresh_histograms(self, grid: Grid, nodes: list[int]) -> None:
-        """Ask the nodes not seen before for their class histograms."""
-        self.known.refresh(grid, nodes)
 
     def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
         """The paper's traffic per round (Eq. 17 with R = 1): 2 kappa K |model| bytes."""
@@ -145,7 +141,7 @@ class FedGSP(RelayStrategy):
         """Regroup the connected nodes, sample groups with kappa, shuffle their order."""
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         self._connected = len(connected)
-        self.refresh_histograms(grid, connected)  # random grouping too: its CPD is reported
+        self.known.refresh(grid, connected)  # random grouping too: its CPD is reported
         nodes = self.known.order(connected)
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
                                               self.beta, len(nodes)), len(nodes))

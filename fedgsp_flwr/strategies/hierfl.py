@@ -21,7 +21,7 @@ from .edge_assignment import (
     objective,
     paper_topology,
 )
-from .fedavg import ServerSideRound, average_arrays
+from .fedavg import ServerSideRound, array_bytes, average_arrays
 from .queries import NodeHistograms, collect_replies
 from .replies import filter_replies
 
@@ -209,7 +209,10 @@ class HierFL(ServerSideRound):
         users = self.known.order(connected)
         if set(users) != set(self.edge_of):
             self.reassign(users)
-        edge_models = {e: arrays for e in set(self.edge_of.values())}
+        members_of: dict[int, list[int]] = {}
+        for u in self.users:
+            members_of.setdefault(self.edge_of[u], []).append(u)
+        edge_models = dict.fromkeys(sorted(members_of), arrays)
         edge_weight: dict[int, float] = {}
         rejected: dict[int, str] = {}
         sent = received = messages = used = 0
@@ -220,21 +223,19 @@ class HierFL(ServerSideRound):
             train_config["local-steps"] = self.tau1
             outgoing = []
             for edge, model in edge_models.items():
-                members = [u for u in self.users if self.edge_of[u] == edge]
+                members = members_of[edge]
                 take = max(1, round(self.fraction_train * len(members)))
                 # Node ids may exceed int64: sample positions, never the ids.
                 for i in sorted(self.rng.choice(len(members), take, replace=False).tolist()):
                     content = RecordDict({"arrays": model, "config": train_config})
                     outgoing.append(Message(content=content, dst_node_id=members[i],
                                             message_type="train"))
-            sent += sum(m.content.array_records["arrays"].count_bytes() for m in outgoing)
+            sent += array_bytes(outgoing)
             messages += len(outgoing)
             replies = collect_replies(grid, outgoing, self.edge_round_timeout)
-            for edge in list(edge_models):
-                mine = [replies[u] for u in self.users
-                        if self.edge_of[u] == edge and u in replies]
-                received += sum(r.count_bytes() for m in mine if m.has_content()
-                                for r in m.content.array_records.values())
+            for edge in edge_models:
+                mine = [replies[u] for u in members_of[edge] if u in replies]
+                received += array_bytes(mine)
                 sound, bad = filter_replies(mine, reference=edge_models[edge],
                                             weighted_by_key=self.weighted_by_key,
                                             require_arrays=True, stage=f"edge {edge}")
