@@ -32,6 +32,9 @@ Experiment file::
     proximal-mu = 0.01
     num-supernodes = 20             # a strategy table may override num-supernodes
 
+    [strategies.central]            # the centralized baseline, trained in this process
+    strategy = "centralized"        # on the pooled data of num-supernodes partitions
+
 Output::
 
     <results>/<name>/experiment.toml           the exact experiment file
@@ -40,12 +43,15 @@ Output::
     <results>/<name>/comparison.png            accuracy per round, mean and spread
     <results>/<name>/comparison-<metric>.png   each reported metric per round
     <results>/<name>/summary.{csv,json,md}     final accuracy, rounds to target, wall time
+    <results>/<name>/divergence.{csv,json,png} with a centralized strategy: RED and ACS
+                                               per layer of each final model against it
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import signal
 import sys
@@ -59,7 +65,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from fedgsp_flwr.centralized import CENTRALIZED, run_centralized
 from fedgsp_flwr.config import ConfigError, RunConfig
+from fedgsp_flwr.divergence import layer_divergence
 from fedgsp_flwr.launcher import LocalSimulation
 from fedgsp_flwr.results import is_complete, read_metrics, rows_to_csv, write_atomic
 
@@ -144,8 +152,15 @@ class Experiment:
             raise ConfigError(f"{path}: reference '{exp.reference}' is not one of the "
                               f"strategies {sorted(exp.strategies)}")
         for label, seed in exp.runs():
-            RunConfig.from_mapping(exp.run_config_of(label, seed, Path("/results"))).check_names()
+            overrides = exp.run_config_of(label, seed, Path("/results"))
+            if exp.is_centralized(label):  # not a Flower strategy: validate the rest
+                overrides["strategy"] = RunConfig.defaults()["strategy"]
+            RunConfig.from_mapping(overrides).check_names()
         return exp
+
+    def is_centralized(self, label: str) -> bool:
+        """Whether a strategy label is the ``centralized`` baseline (run in-process)."""
+        return self.strategies[label].get("strategy") == CENTRALIZED
 
     def runs(self) -> list[tuple[str, int]]:
         """All (strategy label, seed) pairs, seed-major so early results cover all."""
@@ -197,6 +212,10 @@ def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
                                                            unit="run") as bar:
             for label, seed in bar:
                 bar.set_postfix_str(run_name(label, seed))
+                if exp.is_centralized(label):
+                    if (failure := run_baseline(exp, root, label, seed)) is not None:
+                        failures.append(failure)
+                    continue
                 outcome = sim.run(
                     exp.run_config_of(label, seed, root),
                     num_supernodes=exp.supernodes_of(label),
@@ -211,6 +230,76 @@ def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
     if failures:
         raise RuntimeError("Some runs did not complete:\n" + "\n".join(failures))
     return root
+
+
+def run_baseline(exp: Experiment, root: Path, label: str, seed: int) -> str | None:
+    """Run the ``centralized`` baseline in this process, logging to the run's log file as
+    the federated runs do; return why it failed, if it did.
+    """
+    cfg = RunConfig.from_mapping({**exp.run_config_of(label, seed, root), "strategy": "fedavg"})
+    log_path = root / "logs" / f"{run_name(label, seed)}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_path, mode="w")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    try:
+        run_centralized(cfg, exp.supernodes_of(label))
+    except (OSError, ValueError, RuntimeError) as err:
+        logger.exception("centralized baseline failed")
+        return f"{run_name(label, seed)}: {type(err).__name__}: {err} (log: {log_path})"
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    return None
+
+
+def divergence_rows(exp: Experiment, root: Path) -> list[dict[str, Any]]:
+    """RED and ACS per layer of every complete run's final model against the
+    ``centralized`` run of the same seed (none without a centralized strategy).
+    """
+    rows = []
+    for reference in (label for label in exp.strategies if exp.is_centralized(label)):
+        for label, seed in exp.runs():
+            if label == reference:
+                continue
+            ref_path = root / "runs" / run_name(reference, seed) / "model.npz"
+            path = root / "runs" / run_name(label, seed) / "model.npz"
+            if not (is_complete(path.parent) and is_complete(ref_path.parent)):
+                continue
+            with np.load(path) as model, np.load(ref_path) as ref:
+                for row in layer_divergence(dict(model), dict(ref)):
+                    rows.append({"strategy": label, "reference": reference, "seed": seed,
+                                 **row})
+    return rows
+
+
+def write_divergence(rows: Sequence[Mapping[str, Any]], root: Path) -> None:
+    """Write divergence.{csv,json,png}: per layer, mean RED and ACS of each strategy."""
+    import matplotlib.pyplot as plt
+
+    write_atomic(root / "divergence.json", json.dumps(list(rows), indent=2))
+    write_atomic(root / "divergence.csv", rows_to_csv(rows))
+    layers = list(dict.fromkeys(str(r["layer"]) for r in rows))
+    labels = list(dict.fromkeys(str(r["strategy"]) for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        for ax, key in zip(axes, ("red", "acs"), strict=True):
+            means = [np.mean([float(r[key]) for r in rows
+                              if r["strategy"] == label and r["layer"] == layer])
+                     for layer in layers]
+            ax.bar(np.arange(len(layers)) + i * width, means, width, label=label)
+    for ax, title in zip(axes, ("relative Euclidean distance (lower = closer)",
+                                "averaged cosine similarity (higher = closer)"), strict=True):
+        ax.set_xticks(np.arange(len(layers)) + 0.4 - width / 2, layers, rotation=30,
+                      ha="right", fontsize=8)
+        ax.set_title(f"{title}\nvs {rows[0]['reference']}", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(root / "divergence.png", dpi=100)
+    plt.close(fig)
 
 
 def series(metrics: Mapping[str, Any], key: str) -> tuple[list[int], list[float]]:
@@ -332,6 +421,8 @@ def write_comparison(exp: Experiment, root: Path) -> None:
         name = "comparison.png" if key == exp.metric else f"comparison-{key}.png"
         fig.savefig(root / name, dpi=100)
         plt.close(fig)
+    if divergence := divergence_rows(exp, root):
+        write_divergence(divergence, root)
     rows = summarize(exp, root)
     write_atomic(root / "summary.json", json.dumps(rows, indent=2))
     write_atomic(root / "summary.csv", rows_to_csv(rows))

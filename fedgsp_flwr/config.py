@@ -158,6 +158,26 @@ class RunConfig:
     holdout_fraction: float = _setting(
         0.0, "StoCFL fraction of nodes never trained, placed by inference at evaluation",
         lambda v: 0 <= v < 1, "in [0, 1)")
+    semifl_clusters: str = _setting(
+        "label-diverse", "Semi-FL static clusters: label-diverse | label-homogeneous | "
+        "random | node-config (each node's cluster-id) | a .json/.csv file "
+        "(partition id -> cluster id)")
+    cluster_size: int = _setting(10, "Semi-FL clients per cluster of the rules", _positive,
+                                 "> 0")
+    semifl_offset: int = _setting(
+        0, "Semi-FL label-homogeneous: rotate the class-sorted clients by this many before "
+        "cutting (half a cluster = the paper's c2)", _non_negative, ">= 0")
+    semifl_shuffle: bool = _setting(False, "Semi-FL shuffles each cluster's order every "
+                                    "round (false = one fixed order)")
+    semifl_weighted: bool = _setting(
+        False, "Semi-FL averages cluster models by examples (false = uniform, the paper)")
+    fesem_k: int = _setting(4, "FeSEM number of centres K", _positive, "> 0")
+    fesem_init: str = _setting("kmeans++", "FeSEM centre initialisation: kmeans++ | seeds")
+    fesem_new_clients: str = _setting(
+        "probe", "FeSEM first-seen nodes: probe (fine-tune every centre, keep the least "
+        "moved) | initial (fit the initial model, nearest centre)")
+    fesem_layers: str = _setting(
+        "", "FeSEM layers (comma-separated array names) the distances use ('' = all)")
     seed: int = _setting(42, "seed of data partitions, model init and sampling")
     round_timeout: float = _setting(
         3600.0, "seconds to wait for node replies in one round", _positive, "> 0"
@@ -231,14 +251,18 @@ class RunConfig:
         from .sketches import SKETCH_MODES
         from .strategies import STRATEGIES
         from .strategies.edge_assignment import POLICIES
+        from .strategies.fesem import NEW_CLIENTS
         from .strategies.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
+        from .strategies.multicenter import INITS
+        from .strategies.semifl import CLUSTER_SOURCES
         from .strategies.sequential import RELAY_MESSAGE_TYPES
         from .strategies.stocfl import MERGE_MODELS
 
         choices = {"strategy": STRATEGIES, "partition": SCHEMES, "model": MODELS,
                    "growth": GROWTH_FUNCTIONS, "icg_leftover": LEFTOVER_POLICIES,
                    "relay_message": RELAY_MESSAGE_TYPES, "hier_policy": POLICIES,
-                   "sketch": SKETCH_MODES, "merge_model": MERGE_MODELS}
+                   "sketch": SKETCH_MODES, "merge_model": MERGE_MODELS,
+                   "fesem_init": INITS, "fesem_new_clients": NEW_CLIENTS}
         for attribute, allowed in choices.items():
             value = getattr(self, attribute)
             if value not in allowed:
@@ -246,6 +270,13 @@ class RunConfig:
                     f"Run-config key '{to_key(attribute)}' must be one of "
                     f"{', '.join(allowed)}, got {value!r}"
                 )
+        sources = [s for s in CLUSTER_SOURCES if s != "file"]
+        if self.semifl_clusters not in sources and not self.semifl_clusters.lower().endswith(
+                (".json", ".csv")):
+            raise ConfigError(
+                f"Run-config key 'semifl-clusters' must be one of {', '.join(sources)} or "
+                f"a .json/.csv cluster file, got {self.semifl_clusters!r}"
+            )
         if self.dataset not in LOCAL_DATASETS and "/" not in self.dataset:
             raise ConfigError(
                 f"Run-config key 'dataset' must be one of {', '.join(LOCAL_DATASETS)} or "

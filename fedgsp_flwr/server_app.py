@@ -123,6 +123,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def run_metadata(cfg: RunConfig, num_nodes: int, model_name: str) -> dict[str, Any]:
+    """What a run's ``config.json`` holds: the run config, nodes, model, versions."""
+    import flwr
+    import torch
+
+    return {
+        "run-config": cfg.to_mapping(),
+        "num-nodes": num_nodes,
+        "resolved-model": model_name,
+        "versions": {"flwr": flwr.__version__, "torch": torch.__version__,
+                     "numpy": np.__version__, "python": platform.python_version()},
+    }
+
+
 def run(grid: Grid, cfg: RunConfig) -> Path:
     """Run one federated experiment on ``grid`` and return its results folder.
 
@@ -138,9 +152,6 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     Path
         The results folder.
     """
-    import flwr
-    import torch
-
     cfg.check_names()  # fail fast, before waiting for nodes or loading data
     seed_everything(cfg.seed)
     strategy = build_strategy(cfg)
@@ -156,17 +167,11 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
         cfg.partition, num_nodes, min(sizes), max(sizes))
     model_name = resolve_model_name(cfg.model, bundle.input_shape)
     model = build_model(model_name, bundle.input_shape, bundle.num_classes, cfg.seed)
+    if getattr(strategy, "centre_factory", False) is None:  # FeSEM's seeded centres
+        strategy.centre_factory = lambda k: ArrayRecord(build_model(  # type: ignore[attr-defined]
+            model_name, bundle.input_shape, bundle.num_classes, cfg.seed + k).state_dict())
     folder = results_folder(cfg)
-    recorder = RunRecorder(
-        folder,
-        {
-            "run-config": cfg.to_mapping(),
-            "num-nodes": num_nodes,
-            "resolved-model": model_name,
-            "versions": {"flwr": flwr.__version__, "torch": torch.__version__,
-                         "numpy": np.__version__, "python": platform.python_version()},
-        },
-    )
+    recorder = RunRecorder(folder, run_metadata(cfg, num_nodes, model_name))
     log(INFO, "Results of this run go to %s", folder)
     evaluator = CentralEvaluator(
         cfg, model, load_server_test_set(cfg, num_nodes), strategy, recorder

@@ -66,7 +66,7 @@ def test_unknown_keys_of_an_embedding_app_can_be_ignored() -> None:
     ("key", "value"),
     [("strategy", "fedsgd"), ("partition", "zipf"), ("model", "resnet"), ("dataset", "cifar"),
      ("growth", "cubic"), ("icg-leftover", "keep"), ("relay-message", "query"),
-     ("hier-policy", "best")],
+     ("hier-policy", "best"), ("fesem-init", "random"), ("semifl-clusters", "by-size")],
 )
 def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> None:
     cfg = RunConfig.from_mapping({key: value})
@@ -77,7 +77,7 @@ def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> No
 def test_default_and_hub_names_pass() -> None:
     RunConfig().check_names()
     RunConfig.from_mapping({"dataset": "ylecun/mnist", "strategy": "fedprox"}).check_names()
-    for name in ("fedgsp", "naivegsp", "naivegsp-icg"):
+    for name in ("fedgsp", "naivegsp", "naivegsp-icg", "fesem", "semifl"):
         RunConfig.from_mapping({"strategy": name}).check_names()
 
 
@@ -113,3 +113,26 @@ def test_hierfl_is_built_from_the_run_config(tmp_path) -> None:
         build_strategy(RunConfig.from_mapping({**cfg, "hier-reach": 5}))
     with pytest.raises(ValueError, match="topology file"):
         build_strategy(RunConfig.from_mapping({**cfg, "hier-topology": str(tmp_path / "x.json")}))
+
+
+def test_fesem_and_semifl_are_built_from_the_run_config(tmp_path) -> None:
+    from fedgsp_flwr.strategies import build_strategy
+
+    fesem = build_strategy(RunConfig.from_mapping(
+        {"strategy": "fesem", "fesem-k": 6, "fesem-init": "seeds",
+         "fesem-layers": "3.weight, 3.bias", "fraction-train": 0.2}))
+    assert (fesem.k, fesem.init, fesem.layers) == (6, "seeds", ["3.weight", "3.bias"])
+    assert fesem.fraction_train == 0.2 and fesem.centre_factory is None
+    semifl = build_strategy(RunConfig.from_mapping(
+        {"strategy": "semifl", "semifl-clusters": "label-homogeneous", "cluster-size": 5,
+         "semifl-offset": 2, "semifl-shuffle": True, "local-epochs": 5}))
+    assert (semifl.source, semifl.cluster_size, semifl.offset) == ("label-homogeneous", 5, 2)
+    assert semifl.shuffle_order and not semifl.weighted_average and semifl.local_epochs == 5
+    clusters = tmp_path / "clusters.json"
+    clusters.write_text('{"0": 1, "1": 0}')
+    cfg = RunConfig.from_mapping({"strategy": "semifl", "semifl-clusters": str(clusters),
+                                  "semifl-weighted": True})
+    cfg.check_names()
+    from_file = build_strategy(cfg)
+    assert from_file.source == "file" and from_file.assignment == {0: 1, 1: 0}
+    assert from_file.weighted_average

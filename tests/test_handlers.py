@@ -171,3 +171,15 @@ def test_histogram_reply_carries_the_edges_of_the_node_config(app: ClientApp) ->
     context.node_config["edges"] = "north"
     with pytest.raises(ValueError, match="node config 'edges' must list edge indices"):
         app(instruction(RecordDict(), "query.histogram"), context)
+
+
+def test_histogram_reply_carries_the_semifl_cluster_of_the_node_config(app: ClientApp) -> None:
+    context = make_context(0)
+    reply = app(instruction(RecordDict(), "query.histogram"), context)
+    assert "cluster-id" not in reply.content["metrics"]
+    context.node_config["cluster-id"] = 4
+    reply = app(instruction(RecordDict(), "query.histogram"), context)
+    assert reply.content["metrics"]["cluster-id"] == 4
+    context.node_config["cluster-id"] = "-1"
+    with pytest.raises(ValueError, match="node config 'cluster-id' must be an integer"):
+        app(instruction(RecordDict(), "query.histogram"), context)

@@ -95,6 +95,34 @@ def test_stocfl_clusters_and_trains_through_the_engine(sim: LocalSimulation,
     assert (tmp_path / "sto" / "cluster-models.npz").exists()
 
 
+def test_fesem_fits_centres_through_the_engine(sim: LocalSimulation, tmp_path: Path) -> None:
+    outcome = sim.run({**TINY, "num-server-rounds": 2, "strategy": "fesem", "fesem-k": 2,
+                       "partition": "shifted", "min-available-nodes": 6,
+                       "results-dir": str(tmp_path), "run-name": "sem"},
+                      num_supernodes=6, log_path=tmp_path / "sem.log", timeout=600)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    rounds = read_metrics(tmp_path / "sem")["rounds"]
+    assert rounds[1]["new-clients"] == 6 and sum(rounds[2]["cluster-sizes"]) == 6
+    assert "ari" in rounds[2] and rounds[2]["multicenter-loss"] >= 0
+    assert rounds[2]["eval-replies"] == 6 and 0 <= rounds[2]["eval-acc"] <= 1
+    state = json.loads((tmp_path / "sem" / "centres.json").read_text())
+    assert set(state["assignment"]) == {f"partition-{p}" for p in range(6)}
+    assert (tmp_path / "sem" / "centres.npz").exists()
+
+
+def test_semifl_trains_static_clusters_through_the_engine(sim: LocalSimulation,
+                                                          tmp_path: Path) -> None:
+    outcome = sim.run({**TINY, "num-server-rounds": 2, "strategy": "semifl",
+                       "cluster-size": 3, "min-available-nodes": 6,
+                       "results-dir": str(tmp_path), "run-name": "semi"},
+                      num_supernodes=6, log_path=tmp_path / "semi.log", timeout=600)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    rounds = read_metrics(tmp_path / "semi")["rounds"]
+    assert [(r["uploads"], r["hops"], r["cluster-sizes"]) for r in rounds[1:]] == [
+        (2, 6, [3, 3]), (2, 6, [3, 3])]
+    assert rounds[2]["central-acc"] > rounds[0]["central-acc"]
+
+
 def test_a_failing_run_is_reported_not_hidden(sim: LocalSimulation, tmp_path: Path) -> None:
     # 'hybrid' partitions need the hybrid dataset: the ServerApp raises at start.
     outcome = sim.run({**TINY, "partition": "hybrid", "results-dir": str(tmp_path)},
@@ -111,13 +139,21 @@ def test_experiment_runner_compares_and_resumes(tmp_path: Path, monkeypatch) -> 
         + "num-server-rounds = 1\n"
         '[strategies.fedavg]\nstrategy = "fedavg"\n'
         '[strategies.fedprox]\nstrategy = "fedprox"\nproximal-mu = 0.1\n'
+        '[strategies.central]\nstrategy = "centralized"\n'
     )
     root = simulation.run_experiment(simulation.Experiment.load(spec), tmp_path / "results")
-    for label in ("fedavg", "fedprox"):
+    for label in ("fedavg", "fedprox", "central"):
         assert is_complete(root / "runs" / f"{label}-seed1")
         assert (root / "logs" / f"{label}-seed1.log").exists()
     summary = json.loads((root / "summary.json").read_text())
-    assert [row["strategy"] for row in summary] == ["fedavg", "fedprox"]
+    assert [row["strategy"] for row in summary] == ["fedavg", "fedprox", "central"]
+    central = read_metrics(root / "runs" / "central-seed1")
+    assert central["rounds"][1]["central-acc"] > central["rounds"][0]["central-acc"]
+    divergence = json.loads((root / "divergence.json").read_text())
+    assert {(r["strategy"], r["reference"]) for r in divergence} == {
+        ("fedavg", "central"), ("fedprox", "central")}
+    assert all(r["red"] > 0 and -1 <= r["acs"] <= 1 for r in divergence)
+    assert (root / "divergence.png").read_bytes()[:4] == b"\x89PNG"
     assert all(row["seeds"] == 1 and 0 < row["final-acc-mean"] <= 1 for row in summary)
     assert (root / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     assert (root / "experiment.toml").read_text() == spec.read_text()
@@ -137,6 +173,9 @@ def test_bad_experiment_files_fail_before_any_run(tmp_path: Path) -> None:
     bad.write_text('name = "x"\n[run-config]\nlr = -1\n[strategies.a]\nstrategy = "fedavg"\n')
     with pytest.raises(simulation.ConfigError, match="'lr' must be > 0"):
         simulation.Experiment.load(bad)
+    bad.write_text('name = "x"\n[strategies.a]\nstrategy = "centralized"\nlr = -1\n')
+    with pytest.raises(simulation.ConfigError, match="'lr' must be > 0"):
+        simulation.Experiment.load(bad)  # the baseline's settings are checked too
     bad.write_text('name = "x"\nround = 3\n[strategies.a]\nstrategy = "fedavg"\n')
     with pytest.raises(simulation.ConfigError, match="unknown experiment field"):
         simulation.Experiment.load(bad)

@@ -14,7 +14,8 @@ Message types and contents (record keys are constants of this module):
     in: nothing. out: ``histogram`` (ArrayRecord with one int64 array of label counts),
     ``metrics`` (``num-examples``, and ``partition-id`` if the node config has one;
     ``edges``, the HierFL edges in the node's range, if its node config states them
-    as ``edges="0,3"``).
+    as ``edges="0,3"``; ``cluster-id``, the node's Semi-FL cluster, if its node config
+    states one as ``cluster-id=2``).
 ``query.sketch``
     in: ``arrays`` (the anchor model), ``config`` (optional: ``sketch-mode``
     ``gradient`` | ``update``, ``sketch-epochs``, ``sketch-dim`` (0 = the model's size),
@@ -341,6 +342,8 @@ def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
                               len(data.y_train))
         if (edges := node_edges(context)) is not None:
             reply.content.metric_records[METRICS_KEY]["edges"] = edges
+        if (cluster := node_cluster_id(context)) is not None:
+            reply.content.metric_records[METRICS_KEY]["cluster-id"] = cluster
         return reply
 
     return handle
@@ -365,6 +368,26 @@ def node_edges(context: Context) -> list[int] | None:
         raise ValueError(f"node config 'edges' must list edge indices >= 0 like \"0,3\", "
                          f"got {value!r}")
     return edges
+
+
+def node_cluster_id(context: Context) -> int | None:
+    """The Semi-FL cluster a node states in its node config (``cluster-id=2``), if any.
+
+    Raises
+    ------
+    ValueError
+        If the value is not an integer >= 0.
+    """
+    value = context.node_config.get("cluster-id")
+    if value is None:
+        return None
+    try:
+        cluster = int(str(value))
+    except ValueError:
+        cluster = -1
+    if cluster < 0:
+        raise ValueError(f"node config 'cluster-id' must be an integer >= 0, got {value!r}")
+    return cluster
 
 
 def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:

@@ -15,8 +15,10 @@ from ..config import ConfigError, RunConfig
 from .edge_assignment import load_topology
 from .fedavg import FedAvg, FedProx, ValidatedAggregation
 from .fedgsp import FedGSP
+from .fesem import FeSEM
 from .hierfl import HierFL
 from .replies import filter_replies, reply_problem
+from .semifl import CLUSTER_SOURCES, SemiFL, load_cluster_assignment
 from .sequential import RelayStrategy
 from .stocfl import StoCFL
 
@@ -85,6 +87,38 @@ def _stocfl(cfg: RunConfig) -> Strategy:
     )
 
 
+def _fesem(cfg: RunConfig) -> Strategy:
+    return FeSEM(
+        k=cfg.fesem_k,
+        init=cfg.fesem_init,
+        new_clients=cfg.fesem_new_clients,
+        layers=[n.strip() for n in cfg.fesem_layers.split(",") if n.strip()] or None,
+        train_timeout=cfg.round_timeout,
+        seed=cfg.seed,
+        **sampling_kwargs(cfg),
+    )
+
+
+def _semifl(cfg: RunConfig) -> Strategy:
+    kwargs = sampling_kwargs(cfg)
+    del kwargs["fraction_train"]  # every cluster trains every round
+    rule = cfg.semifl_clusters
+    is_file = rule not in CLUSTER_SOURCES
+    return SemiFL(
+        clusters="file" if is_file else rule,
+        assignment=load_cluster_assignment(rule) if is_file else None,
+        cluster_size=cfg.cluster_size,
+        offset=cfg.semifl_offset,
+        shuffle_order=cfg.semifl_shuffle,
+        weighted_average=cfg.semifl_weighted,
+        hop_timeout=cfg.hop_timeout,
+        relay_message_type=cfg.relay_message,
+        local_epochs=cfg.local_epochs,
+        seed=cfg.seed,
+        **kwargs,
+    )
+
+
 STRATEGIES: dict[str, Callable[[RunConfig], Strategy]] = {
     "fedavg": lambda cfg: FedAvg(**sampling_kwargs(cfg)),
     "fedprox": lambda cfg: FedProx(**sampling_kwargs(cfg), proximal_mu=cfg.proximal_mu),
@@ -93,6 +127,8 @@ STRATEGIES: dict[str, Callable[[RunConfig], Strategy]] = {
     "naivegsp-icg": lambda cfg: _fedgsp(cfg, "icg", fixed_groups=True),
     "hierfl": _hierfl,
     "stocfl": _stocfl,
+    "fesem": _fesem,
+    "semifl": _semifl,
 }
 
 
@@ -113,11 +149,13 @@ def build_strategy(cfg: RunConfig) -> Strategy:
 
 __all__ = [
     "STRATEGIES",
+    "FeSEM",
     "FedAvg",
     "FedGSP",
     "FedProx",
     "HierFL",
     "RelayStrategy",
+    "SemiFL",
     "StoCFL",
     "ValidatedAggregation",
     "build_strategy",

@@ -63,7 +63,8 @@ class ValidatedAggregation:
     :func:`~fedgsp_flwr.strategies.replies.filter_replies`) before the strategy's own
     aggregation runs, and records per round the aggregated client metrics, the number
     of replies used, the rejected nodes, the model bytes sent and received in
-    training (``bytes-sent``, ``bytes-received``, as the relay strategies report them)
+    training (``bytes-sent``, ``bytes-received``, as the relay strategies report them),
+    the models uploaded (``uploads``: replies with content)
     and the seconds from sending a stage's messages to aggregating their replies
     (``train-round-trip``, ``eval-round-trip``) in :attr:`history`.
     """
@@ -116,6 +117,7 @@ class ValidatedAggregation:
         arrays, metrics = super().aggregate_train(server_round, sound)  # type: ignore[misc]
         self._record(server_round, "train", metrics, len(sound), rejected)
         self.history[server_round]["bytes-received"] = array_bytes(replies)
+        self.history[server_round]["uploads"] = sum(r.has_content() for r in replies)
         return arrays, metrics
 
     def aggregate_evaluate(

@@ -68,6 +68,13 @@ def partition_order(nodes: Iterable[int], partition_ids: Mapping[int, int]) -> l
     return sorted(nodes, key=lambda n: (n not in partition_ids, partition_ids.get(n, 0), n))
 
 
+def node_label(node: int, partition_ids: Mapping[int, int]) -> str:
+    """``partition-<id>`` for a node that reported its partition, else ``node-<id>``: the
+    name results files give a node (node ids change from run to run).
+    """
+    return f"partition-{partition_ids[node]}" if node in partition_ids else f"node-{node}"
+
+
 def vector_problem(reply: Message, key: str, size: int | None) -> str | None:
     """Why a reply does not carry one finite vector ``key`` (of ``size``), or ``None``."""
     if reply.has_error():
@@ -120,12 +127,15 @@ class HistogramReplies:
         The ``partition-id`` nodes reported (for a run-independent node order).
     edges : dict[int, list[int]]
         The HierFL edges nodes reported in range (their ``edges`` node config).
+    cluster_ids : dict[int, int]
+        The Semi-FL clusters nodes reported (their ``cluster-id`` node config).
     """
 
     histograms: dict[int, np.ndarray] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     partition_ids: dict[int, int] = field(default_factory=dict)
     edges: dict[int, list[int]] = field(default_factory=dict)
+    cluster_ids: dict[int, int] = field(default_factory=dict)
 
 
 def query_histograms(
@@ -173,6 +183,9 @@ def query_histograms(
             if isinstance(edges, list) and edges and all(
                     isinstance(e, int) and e >= 0 for e in edges):
                 out.edges[node] = [int(e) for e in edges]
+            cluster = None if metrics is None else metrics.get("cluster-id")
+            if isinstance(cluster, int) and cluster >= 0:
+                out.cluster_ids[node] = cluster
         else:
             out.failed[node] = problem
     for node, reason in out.failed.items():
@@ -200,6 +213,8 @@ class NodeHistograms:
         The ``partition-id`` nodes reported.
     edges : dict[int, list[int]]
         The HierFL edges nodes reported in range.
+    cluster_ids : dict[int, int]
+        The Semi-FL clusters nodes reported.
     """
 
     def __init__(self, owner: str, timeout: float) -> None:
@@ -208,6 +223,7 @@ class NodeHistograms:
         self.without: dict[int, str] = {}
         self.partition_ids: dict[int, int] = {}
         self.edges: dict[int, list[int]] = {}
+        self.cluster_ids: dict[int, int] = {}
 
     def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
         """Ask the nodes not seen before for their class histograms."""
@@ -220,6 +236,7 @@ class NodeHistograms:
         self.histograms.update(replies.histograms)
         self.partition_ids.update(replies.partition_ids)
         self.edges.update(replies.edges)
+        self.cluster_ids.update(replies.cluster_ids)
         self.without.update(replies.failed)
         if replies.failed:
             log(WARNING, "%s: %d node(s) without a histogram are placed at random",
@@ -232,6 +249,7 @@ class NodeHistograms:
             self.without.pop(node, None)
             self.partition_ids.pop(node, None)
             self.edges.pop(node, None)
+            self.cluster_ids.pop(node, None)
 
     def order(self, nodes: Sequence[int]) -> list[int]:
         """The nodes in :func:`partition_order`."""

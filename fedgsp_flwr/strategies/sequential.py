@@ -115,12 +115,17 @@ class RelayStrategy(ServerSideRound):
 
 
 def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, Any]:
-    """Per-round relay figures: groups trained, hops, skips, bytes, time, loss."""
+    """Per-round relay figures: groups trained, uploads, hops, skips, bytes, time, loss.
+
+    ``uploads`` counts the models that enter the aggregate (one per trained chain,
+    Semi-FL's cluster heads); every hop also passes through the server (``hops``).
+    """
     hops = [h for r in results for h in r.hops]
     losses = [(loss, r.num_examples) for r in results
               if (loss := r.mean_metric("train-loss")) is not None]
     metrics: dict[str, Any] = {
         "groups-trained": sum(r.trained for r in results),
+        "uploads": sum(r.trained for r in results),
         "hops": len(hops),
         "skipped-nodes": sum(len(r.skipped) for r in results),
         "bytes-sent": sum(h.bytes_sent for h in hops),

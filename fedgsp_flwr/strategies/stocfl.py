@@ -25,6 +25,7 @@ from .clustering import (
 from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
 from .queries import (
     collect_reply_list,
+    node_label,
     partition_order,
     reported_partition,
     vector_problem,
@@ -440,8 +441,7 @@ class StoCFL(ServerSideRound):
         (by partition id, or node id).
         """
         def name(node: int) -> str:
-            return (f"partition-{self.partition_ids[node]}" if node in self.partition_ids
-                    else f"node-{node}")
+            return node_label(node, self.partition_ids)
 
         state = {
             "tau": self.tau, "lambda": self.lambda_,

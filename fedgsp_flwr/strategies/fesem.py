@@ -1,0 +1,352 @@
+"""FeSEM: multi-center federated learning by stochastic expectation maximisation."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from logging import INFO, WARNING
+from typing import Any, cast
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from .clustering import adjusted_rand_index, normalized_mutual_info
+from .fedavg import ServerSideRound, array_bytes, check_parameters
+from .multicenter import (
+    INITS,
+    Layout,
+    e_step,
+    kmeans_plus_plus,
+    m_step,
+    multicenter_loss,
+    squared_distances,
+)
+from .queries import NodeHistograms, collect_reply_list, node_label
+from .replies import reply_problem
+from .stocfl import sample_share
+
+NEW_CLIENTS = ("probe", "initial")
+
+
+class FeSEM(ServerSideRound):
+    """FeSEM (Xie et al., 2021): K centre models fitted by stochastic EM.
+
+    Each round samples ``fraction_train`` of the connected nodes. A node assigned to a
+    centre receives that centre; all fine-tune locally and return their weights W_i.
+    A node seen for the first time gets "the nearest centre after one local fit"
+    (ALGORITHMS.md): with ``new_clients="probe"`` it fine-tunes every centre once and
+    keeps the fit that moved least from its centre (the centre whose model its data
+    pulls least, K trainings on its first visit only); with ``"initial"`` it fits the
+    initial model and the E-step places that fit. In the first round of ``kmeans++``
+    there are no centres yet and every node fits the initial model.
+
+    E-step: each returned W_i joins its nearest centre by squared L2 distance (over all
+    parameters, or over ``layers``). M-step: each centre becomes
+    the example-weighted mean of the W_i assigned to it this round; a centre that
+    received none keeps its weights (logged). The node keeps its assignment until it
+    is sampled again.
+
+    Initialisation (``init``): ``seeds``, K models built by ``centre_factory(k)``
+    (differently seeded), or ``kmeans++``, k-means++ over the first round's local
+    models (all trained from the initial model).
+
+    Evaluation scores each sampled, assigned node with its own centre (``eval-acc``);
+    nodes not assigned yet are counted (``eval-unassigned``), not scored. The global
+    model that Flower's loop carries (and the server scores) is the mean of the
+    centres weighted by their members; FeSEM itself never trains it.
+
+    Parameters
+    ----------
+    k : int (default: 4)
+        Number of centres.
+    init : str (default: "kmeans++")
+        ``kmeans++`` or ``seeds``.
+    centre_factory : Callable[[int], ArrayRecord] | None (default: None)
+        Builds centre k's initial model; required by ``seeds`` (the app's ServerApp
+        sets one: the run's model with seed ``seed + k``).
+    layers : Sequence[str] | None (default: None)
+        Array names the distances use (``None``: all).
+    new_clients : str (default: "probe")
+        How a first-seen node finds its centre: ``probe`` or ``initial`` (see above).
+        ``initial`` is cheaper, but a fit of the initial model lies nearest to the
+        centre that moved least from it, whatever the node's data.
+    ground_truth : Mapping[int, int] | None (default: None)
+        Latent group of each partition id, to report ARI and NMI each round.
+    histogram_timeout : float (default: 120.0)
+        Seconds to wait for ``query.histogram`` replies (asked once per node for its
+        partition id, which gives a run-independent node order and the ARI).
+    train_timeout : float (default: 3600.0)
+        Seconds to wait for a round's training replies.
+    seed : int (default: 0)
+        Seed of node sampling and k-means++.
+    **kwargs : Any
+        FedAvg parameters (``fraction_train``, ``fraction_evaluate``,
+        ``min_available_nodes``, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        k: int = 4,
+        init: str = "kmeans++",
+        centre_factory: Callable[[int], ArrayRecord] | None = None,
+        layers: Sequence[str] | None = None,
+        new_clients: str = "probe",
+        ground_truth: Mapping[int, int] | None = None,
+        histogram_timeout: float = 120.0,
+        train_timeout: float = 3600.0,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        checks = [
+            (isinstance(k, int) and k >= 1, f"k must be an integer >= 1, got {k!r}"),
+            (init in INITS, f"init must be one of {INITS}, got {init!r}"),
+            (layers is None or len(layers) > 0, "layers must be None or name arrays"),
+            (new_clients in NEW_CLIENTS,
+             f"new_clients must be one of {NEW_CLIENTS}, got {new_clients!r}"),
+            (histogram_timeout > 0 and train_timeout > 0, "timeouts must be > 0"),
+        ]
+        check_parameters("FeSEM", checks)
+        self.k, self.init, self.centre_factory = k, init, centre_factory
+        self.layers = list(layers) if layers is not None else None
+        self.new_clients = new_clients
+        self.ground_truth = dict(ground_truth or {})
+        self.train_timeout = train_timeout
+        self.rng = np.random.default_rng([seed, 0])
+        self.eval_rng = np.random.default_rng([seed, 1])
+        self.known = NodeHistograms("FeSEM", histogram_timeout)
+        self.layout: Layout | None = None
+        self.start_model: ArrayRecord | None = None
+        self.centres: np.ndarray | None = None
+        self.assignment: dict[int, int] = {}
+
+    def summary(self) -> None:
+        """Log FeSEM's settings, then FedAvg's."""
+        log(INFO, "\t├──> FeSEM: K=%d, %s init, distances over %s", self.k, self.init,
+            ", ".join(self.layers) if self.layers else "all layers")
+        super().summary()
+
+    # --- centres ----------------------------------------------------------------------
+
+    def setup(self, arrays: ArrayRecord) -> None:
+        """Remember the initial model and its layout; build ``seeds`` centres."""
+        self.start_model = arrays
+        self.layout = Layout.of({k: v.numpy() for k, v in arrays.items()})
+        self.layout.columns(self.layers)  # fail fast on unknown layer names
+        if self.init == "seeds":
+            if self.centre_factory is None:
+                raise ValueError("FeSEM: init='seeds' needs a centre_factory")
+            self.centres = self.stack([self.centre_factory(c) for c in range(self.k)])
+
+    def stack(self, records: Sequence[ArrayRecord]) -> np.ndarray:
+        """The models as rows of one float32 matrix."""
+        assert self.layout is not None
+        return self.layout.stack([{k: v.numpy() for k, v in r.items()} for r in records])
+
+    def centre_record(self, centre: int) -> ArrayRecord:
+        """Centre ``centre`` as an ArrayRecord."""
+        assert self.layout is not None and self.centres is not None
+        return ArrayRecord({k: Array(v) for k, v in
+                            self.layout.unstack(self.centres[centre]).items()})
+
+    def init_kmeans(self, x: np.ndarray) -> None:
+        """Centres from k-means++ over the first round's models (the initial model
+        fills the centres beyond the number of models).
+        """
+        assert self.layout is not None and self.start_model is not None
+        chosen = kmeans_plus_plus(x, min(self.k, len(x)), self.rng,
+                                  self.layout.columns(self.layers))
+        rows = [x[i] for i in chosen]
+        if len(rows) < self.k:
+            log(WARNING, "FeSEM: %d first-round models for %d centres; the initial model "
+                "fills the rest", len(rows), self.k)
+            rows += list(self.stack([self.start_model] * (self.k - len(rows))))
+        self.centres = np.stack(rows)
+
+    def sizes(self) -> list[int]:
+        """Members of each centre (over every node assigned so far)."""
+        return np.bincount(list(self.assignment.values()), minlength=self.k).tolist()
+
+    def global_model(self) -> ArrayRecord:
+        """Mean of the centres weighted by their members (for Flower's loop only)."""
+        assert self.layout is not None and self.centres is not None
+        weights = np.asarray(self.sizes(), dtype=np.float64)
+        if weights.sum() == 0:
+            weights[:] = 1.0
+        mean = (weights / weights.sum()) @ self.centres.astype(np.float64)
+        return ArrayRecord({k: Array(v) for k, v in self.layout.unstack(mean).items()})
+
+    # --- training ---------------------------------------------------------------------
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send each sampled node its centre, then run one E-step and one M-step."""
+        started = time.monotonic()
+        if self.start_model is None:
+            self.setup(arrays)
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
+        self.known.refresh(grid, connected)
+        sampled = sample_share(self.known.order(connected), self.fraction_train,
+                               self.min_train_nodes, self.rng)
+        records: dict[int | None, ArrayRecord] = {None: cast(ArrayRecord, self.start_model)}
+        train_config = ConfigRecord({**dict(config), "server-round": server_round})
+        plan = [(node, centre) for node in sampled for centre in self.starts(node)]
+        messages = []
+        for node, centre in plan:
+            if centre not in records:
+                records[centre] = self.centre_record(cast(int, centre))
+            messages.append(Message(RecordDict({"arrays": records[centre],
+                                                "config": train_config}),
+                                    dst_node_id=node, message_type="train"))
+        replies = collect_reply_list(grid, messages, self.train_timeout)
+        fits: dict[int, list[tuple[int | None, Message]]] = {}
+        problems: dict[int, list[str]] = {}
+        for (node, centre), reply in zip(plan, replies, strict=True):
+            problem = ("no reply within the round's timeout" if reply is None else
+                       reply_problem(reply, reference=arrays,
+                                     weighted_by_key=self.weighted_by_key,
+                                     require_arrays=True))
+            if problem is not None or reply is None:
+                problems.setdefault(node, []).append(problem or "")
+                log(WARNING, "FeSEM round %d: rejected reply from node %d: %s",
+                    server_round, node, problem)
+            else:
+                fits.setdefault(node, []).append((centre, reply))
+        sound = [(node, self.closest_fit(fits[node])) for node in sampled if node in fits]
+        rejected = {node: "; ".join(problems[node]) for node in sampled if node not in fits}
+        metrics: dict[str, Any] = {"sampled": len(sampled), "probe-fits": len(plan) - len(sampled),
+                                   "bytes-sent": array_bytes(messages),
+                                   "bytes-received": array_bytes(
+                                       r for r in replies if r is not None)}
+        if sound:
+            metrics.update(self.em_round(server_round, sound))
+        else:
+            log(WARNING, "FeSEM round %d: no sound reply; the centres are kept", server_round)
+        metrics.update(self.cluster_metrics())
+        metrics["round-seconds"] = time.monotonic() - started
+        new_global = self.global_model() if self.centres is not None else None
+        return self.finish_round(server_round, new_global, metrics, len(sound), rejected)
+
+    def starts(self, node: int) -> list[int | None]:
+        """The centres a sampled node trains from (``None``: the initial model).
+
+        An assigned node: its centre. A new node: the initial model before the centres
+        exist (k-means++) or with ``new_clients="initial"``; every centre with
+        ``new_clients="probe"``.
+        """
+        if self.centres is None:
+            return [None]
+        if node in self.assignment:
+            return [self.assignment[node]]
+        return list(range(self.k)) if self.new_clients == "probe" else [None]
+
+    def closest_fit(self, fits: Sequence[tuple[int | None, Message]]) -> Message:
+        """Of a node's local fits, the one that moved least from the centre it started
+        from (a single fit is returned as it is).
+        """
+        if len(fits) == 1:
+            return fits[0][1]
+        assert self.layout is not None and self.centres is not None
+        x = self.stack([next(iter(r.content.array_records.values())) for _, r in fits])
+        starts = self.centres[[cast(int, c) for c, _ in fits]]
+        columns = self.layout.columns(self.layers)
+        moved = [squared_distances(x[i:i + 1], starts[i:i + 1], columns)[0, 0]
+                 for i in range(len(fits))]
+        return fits[int(np.argmin(moved))][1]
+
+    def em_round(self, server_round: int, sound: Sequence[tuple[int, Message]]
+                 ) -> dict[str, Any]:
+        """E-step and M-step over this round's sound replies; return the round metrics."""
+        assert self.layout is not None
+        nodes = [node for node, _ in sound]
+        x = self.stack([next(iter(r.content.array_records.values())) for _, r in sound])
+        contents = [r.content["metrics"] for _, r in sound]
+        weights = np.array([float(cast(float, m[self.weighted_by_key])) for m in contents])
+        columns = self.layout.columns(self.layers)
+        if self.centres is None:
+            self.init_kmeans(x)
+        assert self.centres is not None
+        assignment, _ = e_step(x, self.centres, columns)
+        previous = [self.assignment.get(n) for n in nodes]
+        self.centres, empty = m_step(x, assignment, weights, self.centres)
+        for centre in empty:
+            log(INFO, "FeSEM round %d: centre %d received no model; it keeps its weights",
+                server_round, centre)
+        self.assignment.update(zip(nodes, assignment.tolist(), strict=True))
+        distances = squared_distances(x, self.centres, columns)
+        losses = [float(cast(float, m.get("train-loss", 0.0))) for m in contents]
+        metrics: dict[str, Any] = {
+            "multicenter-loss": multicenter_loss(distances, assignment),
+            "assignment-changes": sum(p is not None and p != a
+                                      for p, a in zip(previous, assignment.tolist(),
+                                                      strict=True)),
+            "new-clients": sum(p is None for p in previous),
+            "empty-centres": len(empty),
+            "train-loss": float(np.average(losses, weights=weights)),
+        }
+        log(INFO, "FeSEM round %d: %d models, %d changed centre, %d new, loss %.4g",
+            server_round, len(nodes), metrics["assignment-changes"], metrics["new-clients"],
+            metrics["multicenter-loss"])
+        return metrics
+
+    def cluster_metrics(self) -> dict[str, Any]:
+        """Centre sizes, assigned nodes, and ARI/NMI where ground truth is known."""
+        metrics: dict[str, Any] = {"cluster-sizes": self.sizes(),
+                                   "assigned-clients": len(self.assignment)}
+        partitions = self.known.partition_ids
+        scored = [n for n in self.assignment if partitions.get(n, -1) in self.ground_truth]
+        if len(scored) > 1:
+            truth = [self.ground_truth[partitions[n]] for n in scored]
+            found = [self.assignment[n] for n in scored]
+            metrics["ari"] = adjusted_rand_index(truth, found)
+            metrics["nmi"] = normalized_mutual_info(truth, found)
+        return metrics
+
+    # --- evaluation -------------------------------------------------------------------
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send each sampled, assigned node its own centre to evaluate."""
+        if self.fraction_evaluate == 0.0 or self.centres is None:
+            return []
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+        nodes = sample_share(self.known.order(connected), self.fraction_evaluate,
+                             self.min_evaluate_nodes, self.eval_rng)
+        assigned = [n for n in nodes if n in self.assignment]
+        self.history.setdefault(server_round, {})["eval-unassigned"] = len(nodes) - len(
+            assigned)
+        records = {c: self.centre_record(c) for c in {self.assignment[n] for n in assigned}}
+        messages = [Message(RecordDict({"arrays": records[self.assignment[n]],
+                                        "config": ConfigRecord(dict(config))}),
+                            dst_node_id=n, message_type="evaluate") for n in assigned]
+        self._start_clock("evaluate", messages)
+        return messages
+
+    # --- results ----------------------------------------------------------------------
+
+    def artifacts(self, final: bool) -> dict[str, bytes | str]:
+        """Files of the centre state for the run's results folder.
+
+        ``centres.json`` (every round): each assigned node's centre (by partition id
+        where reported) and the sizes. With ``final``, ``centres.npz`` (arrays
+        ``<centre>/<name>``).
+        """
+        state = {"k": self.k, "init": self.init, "layers": self.layers,
+                 "sizes": self.sizes(),
+                 "assignment": {node_label(n, self.known.partition_ids): c
+                                for n, c in sorted(self.assignment.items())}}
+        files: dict[str, bytes | str] = {"centres.json": json.dumps(state, indent=1)}
+        if final and self.centres is not None and self.layout is not None:
+            buffer = io.BytesIO()
+            np.savez(buffer, **{f"{c}/{k}": v for c in range(self.k)  # type: ignore[arg-type]
+                                for k, v in self.layout.unstack(self.centres[c]).items()})
+            files["centres.npz"] = buffer.getvalue()
+        return files

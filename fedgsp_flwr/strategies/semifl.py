@@ -1,0 +1,212 @@
+"""Semi-FL: static clusters that train sequentially inside, one upload per cluster."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from .cluster_rules import CLUSTER_RULES, label_coverage, static_clusters
+from .fedavg import check_parameters
+from .queries import NodeHistograms
+from .sequential import RelayStrategy
+
+CLUSTER_SOURCES = (*CLUSTER_RULES, "node-config", "file")
+
+
+def load_cluster_assignment(path: str | Path) -> dict[int, int]:
+    """Read a Semi-FL cluster file: partition id -> cluster id.
+
+    JSON: ``{"<partition id>": <cluster id>, ...}``. CSV: the header
+    ``partition-id,cluster-id``, then one row per partition.
+
+    Raises
+    ------
+    ValueError
+        On an unreadable file or ids that are not integers >= 0, naming the file.
+    """
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".json":
+            pairs = list(json.loads(path.read_text()).items())
+        elif path.suffix.lower() == ".csv":
+            rows = list(csv.reader(io.StringIO(path.read_text())))
+            if not rows or [c.strip() for c in rows[0]] != ["partition-id", "cluster-id"]:
+                raise ValueError("the header must be 'partition-id,cluster-id'")
+            pairs = [(r[0], r[1]) for r in rows[1:] if any(c.strip() for c in r)]
+        else:
+            raise ValueError("expected a .json or .csv file")
+        assignment = {int(p): int(c) for p, c in pairs}
+        if not assignment or min(assignment) < 0 or min(assignment.values()) < 0:
+            raise ValueError("needs at least one partition; ids must be >= 0")
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise ValueError(f"cluster file {path}: {err}") from err
+    return assignment
+
+
+class SemiFL(RelayStrategy):
+    """Semi-FL (Chen et al., 2021): static clusters trained sequentially.
+
+    The connected nodes are split once into static clusters. Every round every cluster
+    trains as one relay chain (the first node starts from the global model and trains
+    ``local_epochs`` epochs, hands its model to the next, ...; all clusters run in
+    parallel), the last node's model is the cluster's single upload, and the server
+    averages the cluster models, uniformly as the paper does or by examples.
+
+    Where the clusters come from (``clusters``):
+
+    - a rule over the class histograms (``query.histogram``, asked once per node):
+      ``label-diverse`` (c3/c4), ``label-homogeneous`` (c1; c2 with ``offset`` half a
+      cluster) or ``random``; see :mod:`~fedgsp_flwr.strategies.cluster_rules`;
+    - ``node-config``: each node's ``cluster-id`` node config (reported with its
+      histogram);
+    - ``file``: ``assignment``, partition id -> cluster id (nodes report their
+      partition id with their histogram).
+
+    The clusters stay fixed. A node that connects later, or that has no histogram,
+    stated cluster or listed partition, joins the smallest cluster (logged); a node
+    that is gone is left out of its cluster's chain while it is away.
+
+    Parameters
+    ----------
+    clusters : str (default: "label-diverse")
+        One of :data:`CLUSTER_SOURCES`.
+    cluster_size : int (default: 10)
+        Clients per cluster of the rules.
+    offset : int (default: 0)
+        ``label-homogeneous``: rotation of the class-sorted order before cutting it.
+    assignment : Mapping[int, int] | None (default: None)
+        Partition id -> cluster id, required by ``clusters="file"``.
+    shuffle_order : bool (default: False)
+        Shuffle each cluster's training order every round; ``False`` keeps one fixed
+        order (by partition id).
+    histogram_timeout : float (default: 120.0)
+        Seconds to wait for ``query.histogram`` replies.
+    weighted_average : bool (default: False)
+        Weight the cluster models by their examples; ``False`` is the paper's uniform
+        mean.
+    **kwargs : Any
+        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy` and FedAvg
+        parameters (``local_epochs``, ``hop_timeout``, ``relay_message_type``, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        clusters: str = "label-diverse",
+        cluster_size: int = 10,
+        offset: int = 0,
+        assignment: Mapping[int, int] | None = None,
+        shuffle_order: bool = False,
+        histogram_timeout: float = 120.0,
+        weighted_average: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(weighted_average=weighted_average, **kwargs)
+        checks = [
+            (clusters in CLUSTER_SOURCES,
+             f"clusters must be one of {CLUSTER_SOURCES}, got {clusters!r}"),
+            (isinstance(cluster_size, int) and cluster_size >= 1,
+             "cluster_size must be an integer >= 1"),
+            (isinstance(offset, int) and offset >= 0, "offset must be an integer >= 0"),
+            ((clusters == "file") == (assignment is not None),
+             "clusters='file' needs an assignment, and only it takes one"),
+            (assignment is None or all(c >= 0 for c in assignment.values()),
+             "assignment cluster ids must be >= 0"),
+            (histogram_timeout > 0, "histogram_timeout must be > 0"),
+        ]
+        check_parameters("SemiFL", checks)
+        self.source, self.cluster_size, self.offset = clusters, cluster_size, offset
+        self.assignment = dict(assignment or {})
+        self.shuffle_order = shuffle_order
+        self.known = NodeHistograms("SemiFL", histogram_timeout)
+        self.clusters: dict[int, list[int]] = {}
+
+    def summary(self) -> None:
+        """Log Semi-FL's settings, then the relay's and FedAvg's."""
+        log(INFO, "\t├──> SemiFL: %s clusters of %d, %s order", self.source,
+            self.cluster_size, "shuffled" if self.shuffle_order else "fixed")
+        super().summary()
+
+    @property
+    def cluster_of(self) -> dict[int, int]:
+        """Cluster id of every node placed so far."""
+        return {n: c for c, members in self.clusters.items() for n in members}
+
+    def stated_cluster(self, node: int) -> int | None:
+        """The cluster a node's config or the assignment file gives it, if any."""
+        if self.source == "node-config":
+            return self.known.cluster_ids.get(node)
+        partition = self.known.partition_ids.get(node)
+        if self.source == "file" and partition is not None:
+            return self.assignment.get(partition)
+        return None
+
+    def place(self, nodes: Sequence[int]) -> None:
+        """Put new nodes into clusters: the first call builds the static clusters."""
+        rest = list(nodes)
+        if not self.clusters and self.source in CLUSTER_RULES:
+            with_hist = [n for n in rest if n in self.known.histograms]
+            if with_hist:
+                groups = static_clusters(
+                    np.stack([self.known.histograms[n] for n in with_hist]),
+                    self.cluster_size, self.source, self.rng, self.offset)
+                self.clusters = {c: [with_hist[i] for i in g] for c, g in enumerate(groups)}
+                rest = [n for n in rest if n not in self.known.histograms]
+        elif self.source in ("node-config", "file"):
+            for node in list(rest):
+                if (cluster := self.stated_cluster(node)) is not None:
+                    self.clusters.setdefault(cluster, []).append(node)
+                    rest.remove(node)
+        for node in rest:
+            smallest = min(self.clusters, key=lambda c: (len(self.clusters[c]), c),
+                           default=0)
+            self.clusters.setdefault(smallest, []).append(node)
+            log(WARNING, "SemiFL: node %d has no %s; it joins cluster %d", node,
+                "cluster of its own" if self.source in ("node-config", "file") else
+                "place in the static clusters", smallest)
+
+    def cluster_metrics(self) -> dict[str, Any]:
+        """Cluster sizes and the classes each covers (over nodes with histograms)."""
+        sizes = [len(self.clusters[c]) for c in sorted(self.clusters)]
+        metrics: dict[str, Any] = {"num-clusters": len(sizes), "cluster-sizes": sizes}
+        scored = [[n for n in members if n in self.known.histograms]
+                  for members in self.clusters.values()]
+        scored = [s for s in scored if s]
+        if scored:
+            nodes = [n for s in scored for n in s]
+            index = {n: i for i, n in enumerate(nodes)}
+            coverage = label_coverage(np.stack([self.known.histograms[n] for n in nodes]),
+                                      [[index[n] for n in s] for s in scored])
+            metrics["label-coverage"] = float(np.mean(coverage))
+        return metrics
+
+    def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
+        """Place new nodes, then one chain per cluster over its connected members."""
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
+        placed = self.cluster_of
+        new = self.known.order([n for n in connected if n not in placed])
+        if new:
+            self.known.refresh(grid, new)
+            self.place(self.known.order(new))
+        live = set(connected)
+        chains = []
+        for cluster in sorted(self.clusters):
+            members = self.known.order([n for n in self.clusters[cluster] if n in live])
+            if self.shuffle_order:
+                members = [members[i] for i in self.rng.permutation(len(members))]
+            if members:
+                chains.append(members)
+        metrics = self.cluster_metrics()
+        log(INFO, "SemiFL round %d: %d clusters over %d connected nodes", server_round,
+            len(chains), len(connected))
+        return chains, metrics
