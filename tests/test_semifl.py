@@ -179,3 +179,20 @@ def test_a_late_node_joins_the_smallest_cluster_and_gone_nodes_are_left_out() ->
     second = sorted(chains_of(grid).values())
     assert all(0 not in c for c in second) and any(5 in c for c in second)
     assert strategy.history[1]["cluster-sizes"] == [3, 3]
+
+
+def test_nodes_without_histograms_fill_clusters_of_the_configured_size() -> None:
+    def plain(partition: int):  # an existing ClientApp: no query.histogram handler
+        inner = node_handler(partition, 10)
+
+        def handle(message: Message) -> Message:
+            if message.metadata.message_type == "query.histogram":
+                raise RuntimeError("no handler for query.histogram")
+            return inner(message)
+        return handle
+
+    grid = FakeGrid({1000 + 37 * p: plain(p) for p in range(7)})
+    strategy = SemiFL(clusters="label-diverse", cluster_size=3, fraction_evaluate=0.0)
+    start(strategy, grid)
+    assert strategy.history[1]["cluster-sizes"] == [3, 3, 1]
+    assert strategy.history[1]["uploads"] == 3

@@ -73,8 +73,9 @@ class SemiFL(RelayStrategy):
       partition id with their histogram).
 
     The clusters stay fixed. A node that connects later, or that has no histogram,
-    stated cluster or listed partition, joins the smallest cluster (logged); a node
-    that is gone is left out of its cluster's chain while it is away.
+    stated cluster or listed partition, joins the smallest cluster with fewer than
+    ``cluster_size`` nodes, or starts a new one when all are full (logged); a node that
+    is gone is left out of its cluster's chain while it is away.
 
     Parameters
     ----------
@@ -168,12 +169,20 @@ class SemiFL(RelayStrategy):
                     self.clusters.setdefault(cluster, []).append(node)
                     rest.remove(node)
         for node in rest:
-            smallest = min(self.clusters, key=lambda c: (len(self.clusters[c]), c),
-                           default=0)
-            self.clusters.setdefault(smallest, []).append(node)
+            cluster = self.cluster_with_room()
+            self.clusters.setdefault(cluster, []).append(node)
             log(WARNING, "SemiFL: node %d has no %s; it joins cluster %d", node,
-                "cluster of its own" if self.source in ("node-config", "file") else
-                "place in the static clusters", smallest)
+                "stated cluster" if self.source in ("node-config", "file") else
+                "histogram or arrived late", cluster)
+
+    def cluster_with_room(self) -> int:
+        """The smallest cluster with fewer than ``cluster_size`` nodes (the lowest id on a
+        tie), or a new cluster's id when every cluster is full.
+        """
+        open_clusters = [c for c, m in self.clusters.items() if len(m) < self.cluster_size]
+        if open_clusters:
+            return min(open_clusters, key=lambda c: (len(self.clusters[c]), c))
+        return max(self.clusters, default=-1) + 1
 
     def cluster_metrics(self) -> dict[str, Any]:
         """Cluster sizes and the classes each covers (over nodes with histograms)."""
