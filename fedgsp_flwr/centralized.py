@@ -23,7 +23,7 @@ from .data import bundle_for, load_partitions, load_server_test_set
 from .data.partition import client_data
 from .models import build_model, resolve_model_name
 from .results import RunRecorder
-from .server_app import results_folder, run_metadata, seed_everything
+from .server_app import results_folder, run_metadata, run_summary, seed_everything
 
 CENTRALIZED = "centralized"
 
@@ -84,10 +84,8 @@ def run_centralized(cfg: RunConfig, num_partitions: int) -> Path:
         log(INFO, "Centralized round %d/%d: central accuracy %.4f, loss %.4f, %.1fs",
             server_round, cfg.num_server_rounds, accuracy, loss, now - begun)
     recorder.finish(
-        {"final-central-acc": accuracy,
-         "best-central-acc": max(r["central-acc"] for r in recorder.rounds),
-         "rounds": cfg.num_server_rounds, "wall-time": time.perf_counter() - started,
-         "num-nodes": num_partitions},
+        run_summary(recorder, cfg.num_server_rounds, time.perf_counter() - started,
+                    num_partitions),
         {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()},
     )
     return folder

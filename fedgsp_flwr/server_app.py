@@ -137,6 +137,20 @@ def run_metadata(cfg: RunConfig, num_nodes: int, model_name: str) -> dict[str, A
     }
 
 
+def run_summary(recorder: RunRecorder, rounds: int, wall_time: float,
+                num_nodes: int) -> dict[str, Any]:
+    """The ``summary`` of a finished run: final and best central accuracy, rounds, wall
+    time and nodes.
+    """
+    return {
+        "final-central-acc": recorder.rounds[-1]["central-acc"],
+        "best-central-acc": max(r["central-acc"] for r in recorder.rounds),
+        "rounds": rounds,
+        "wall-time": wall_time,
+        "num-nodes": num_nodes,
+    }
+
+
 def run(grid: Grid, cfg: RunConfig) -> Path:
     """Run one federated experiment on ``grid`` and return its results folder.
 
@@ -190,13 +204,8 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     if hasattr(strategy, "artifacts"):
         recorder.write_files(strategy.artifacts(final=True))
     recorder.finish(
-        {
-            "final-central-acc": last["central-acc"],
-            "best-central-acc": max(r["central-acc"] for r in recorder.rounds),
-            "rounds": cfg.num_server_rounds,
-            "wall-time": time.perf_counter() - evaluator.started,
-            "num-nodes": num_nodes,
-        },
+        run_summary(recorder, cfg.num_server_rounds, time.perf_counter() - evaluator.started,
+                    num_nodes),
         # Result.arrays stays empty when no round produced an aggregate.
         {k: v.numpy() for k, v in (result.arrays or initial_arrays).items()},
     )

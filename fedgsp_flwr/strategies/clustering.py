@@ -16,7 +16,7 @@ similarity matrix is never recomputed from the sketches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -398,3 +398,31 @@ def normalized_mutual_info(labels_true: Sequence[int], labels_pred: Sequence[int
     if h_true == 0 and h_pred == 0:
         return 1.0
     return max(0.0, mi / ((h_true + h_pred) / 2))
+
+
+def agreement_scores(found: Mapping[int, int], partition_ids: Mapping[int, int],
+                     ground_truth: Mapping[int, int]) -> dict[str, float]:
+    """ARI and NMI of a node -> cluster assignment against the latent groups.
+
+    Parameters
+    ----------
+    found : Mapping[int, int]
+        Cluster of each node.
+    partition_ids : Mapping[int, int]
+        Partition id each node reported.
+    ground_truth : Mapping[int, int]
+        Latent group of each partition id.
+
+    Returns
+    -------
+    dict[str, float]
+        ``ari`` and ``nmi`` over the nodes whose group is known; empty when fewer than
+        two are.
+    """
+    scored = [n for n in found if partition_ids.get(n, -1) in ground_truth]
+    if len(scored) < 2:
+        return {}
+    truth = [ground_truth[partition_ids[n]] for n in scored]
+    labels = [found[n] for n in scored]
+    return {"ari": adjusted_rand_index(truth, labels),
+            "nmi": normalized_mutual_info(truth, labels)}

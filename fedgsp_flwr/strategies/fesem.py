@@ -15,7 +15,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from .clustering import adjusted_rand_index, normalized_mutual_info
+from .clustering import agreement_scores
 from .fedavg import ServerSideRound, array_bytes, check_parameters
 from .multicenter import (
     INITS,
@@ -300,13 +300,8 @@ class FeSEM(ServerSideRound):
         """Centre sizes, assigned nodes, and ARI/NMI where ground truth is known."""
         metrics: dict[str, Any] = {"cluster-sizes": self.sizes(),
                                    "assigned-clients": len(self.assignment)}
-        partitions = self.known.partition_ids
-        scored = [n for n in self.assignment if partitions.get(n, -1) in self.ground_truth]
-        if len(scored) > 1:
-            truth = [self.ground_truth[partitions[n]] for n in scored]
-            found = [self.assignment[n] for n in scored]
-            metrics["ari"] = adjusted_rand_index(truth, found)
-            metrics["nmi"] = normalized_mutual_info(truth, found)
+        metrics.update(agreement_scores(self.assignment, self.known.partition_ids,
+                                        self.ground_truth))
         return metrics
 
     # --- evaluation -------------------------------------------------------------------

@@ -19,8 +19,7 @@ from ..sketches import SKETCH_MODES
 from .clustering import (
     Merge,
     SketchClustering,
-    adjusted_rand_index,
-    normalized_mutual_info,
+    agreement_scores,
 )
 from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
 from .queries import (
@@ -243,13 +242,8 @@ class StoCFL(ServerSideRound):
             "clustered-clients": len(self.clustering.cluster_of),
             "plain-clients": len(self.plain),
         }
-        known = [n for n in self.clustering.cluster_of
-                 if self.partition_ids.get(n, -1) in self.ground_truth]
-        if len(known) > 1:
-            truth = [self.ground_truth[self.partition_ids[n]] for n in known]
-            found = [self.clustering.cluster_of[n] for n in known]
-            metrics["ari"] = adjusted_rand_index(truth, found)
-            metrics["nmi"] = normalized_mutual_info(truth, found)
+        metrics.update(agreement_scores(self.clustering.cluster_of, self.partition_ids,
+                                        self.ground_truth))
         return metrics
 
     # --- training ---------------------------------------------------------------------
