@@ -3,7 +3,8 @@
 Runs every (strategy, seed) of an experiment file through Flower's simulation engine
 (one ``flwr run`` per run, against a private local SuperLink), then writes a comparison
 plot and a summary table. Runs whose results folder is already complete are skipped,
-so an interrupted experiment resumes where it stopped.
+so an interrupted experiment resumes where it stopped; an interrupted run goes on from
+its last checkpoint (``resume-from``).
 
 Experiment file::
 
@@ -66,6 +67,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fedgsp_flwr.centralized import CENTRALIZED, run_centralized
+from fedgsp_flwr.checkpoint import CheckpointError, load_checkpoint
 from fedgsp_flwr.config import ConfigError, RunConfig
 from fedgsp_flwr.divergence import layer_divergence
 from fedgsp_flwr.launcher import LocalSimulation
@@ -187,6 +189,14 @@ def run_name(label: str, seed: int) -> str:
     return f"{label}-seed{seed}"
 
 
+def resumable(folder: Path, rounds: int) -> bool:
+    """Whether an interrupted run's folder has a checkpoint to go on from."""
+    try:
+        return load_checkpoint(folder).round < rounds
+    except CheckpointError:
+        return False
+
+
 def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
     """Run every missing run of ``exp``, then write the comparison outputs.
 
@@ -216,8 +226,13 @@ def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
                     if (failure := run_baseline(exp, root, label, seed)) is not None:
                         failures.append(failure)
                     continue
+                config = exp.run_config_of(label, seed, root)
+                folder = root / "runs" / run_name(label, seed)
+                if not force and resumable(folder, int(config.get(
+                        "num-server-rounds", RunConfig.num_server_rounds))):
+                    config["resume-from"] = str(folder)  # keep the rounds it finished
                 outcome = sim.run(
-                    exp.run_config_of(label, seed, root),
+                    config,
                     num_supernodes=exp.supernodes_of(label),
                     log_path=root / "logs" / f"{run_name(label, seed)}.log",
                     timeout=exp.timeout,

@@ -127,7 +127,15 @@ class RunConfig:
     relay_message: str = _setting(
         "train.relay", "message type of relay hops: train.relay | train (any ClientApp)")
     hop_timeout: float = _setting(
-        600.0, "seconds a node may take for one relay hop", _positive, "> 0")
+        600.0, "seconds a node may take for one relay hop or one query (histogram, "
+        "sketch)", _positive, "> 0")
+    histogram_epsilon: float = _setting(
+        0.0, "Laplace noise on the class histograms nodes report: privacy budget epsilon "
+        "(0 = exact counts; a node's own histogram-epsilon node config wins)",
+        lambda v: v >= 0, ">= 0")
+    relay_poll: float = _setting(
+        0.02, "seconds between the relay's polls for hop replies (3.0 behaves as "
+        "send_and_receive in deployment)", _positive, "> 0")
     hier_policy: str = _setting(
         "greedy", "HierFL user-edge assignment: original | random | heuristic | greedy | "
         "equal-size | optimal")
@@ -189,6 +197,9 @@ class RunConfig:
         "results", "folder that receives one sub-folder of results per run"
     )
     run_name: str = _setting("", "results sub-folder name ('' = <strategy>-<time>)")
+    resume_from: str = _setting(
+        "", "results folder of an interrupted run: continue it from its last complete "
+        "round ('' = a new run)")
 
     @classmethod
     def keys(cls) -> list[str]:

@@ -78,7 +78,97 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class LocalSimulation:
+class FlwrCli:
+    """The ``flwr`` CLI under a private ``FLWR_HOME``: launch runs, read their status.
+
+    Parameters
+    ----------
+    app_dir : str | Path
+        The Flower app (folder with ``pyproject.toml``).
+    home : str | Path
+        ``FLWR_HOME`` of the CLI (connections, state, logs, installed apps).
+    """
+
+    def __init__(self, app_dir: str | Path, home: str | Path) -> None:
+        self.app_dir = Path(app_dir).resolve()
+        self.home = Path(home).resolve()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.bin_dir = Path(sys.executable).parent
+        self.env = {
+            **os.environ,
+            "PATH": str(self.bin_dir) + os.pathsep + os.environ.get("PATH", ""),
+            "FLWR_HOME": str(self.home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_TELEMETRY_ENABLED": "0",
+        }
+        self.flwr = str(self.bin_dir / "flwr")
+
+    def launch(self, args: list[str], run_config: Mapping[str, Any], *,
+               log_path: str | Path, timeout: float, connection: str = "") -> RunOutcome:
+        """Run ``flwr run <app> [connection] --stream --run-config ... <args>`` to its end.
+
+        Parameters
+        ----------
+        args : list[str]
+            Further ``flwr run`` arguments.
+        run_config : Mapping[str, Any]
+            Run-config overrides (keys declared by the app).
+        log_path : str | Path
+            File that receives the streamed log.
+        timeout : float
+            Seconds before the run is stopped and reported as ``timeout``.
+        connection : str
+            SuperLink connection of ``FLWR_HOME/config.toml`` ('' for the default).
+
+        Returns
+        -------
+        RunOutcome
+            Run id, final status, wall time and log path.
+        """
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [self.flwr, "run", str(self.app_dir), *([connection] if connection else []),
+               "--stream", "--run-config", config_string(run_config), *args]
+        started = time.perf_counter()
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                    cwd=self.app_dir)
+            try:
+                proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                timed_out = True
+        match = RUN_ID_PATTERN.search(log_path.read_text(errors="replace"))
+        run_id = match.group(1) if match else None
+        if run_id is None:
+            status = "not-started"
+        elif timed_out:
+            self.cli("stop", run_id, *([connection] if connection else []))
+            status = "timeout"
+        else:
+            status = self.status(run_id, connection)
+        return RunOutcome(run_id, status, time.perf_counter() - started, log_path)
+
+    def status(self, run_id: str, connection: str = "") -> str:
+        """Return Flower's status of a run (``unknown`` if it cannot be read)."""
+        out = self.cli("ls", *([connection] if connection else []), "--run-id", run_id,
+                       "--format", "json")
+        try:
+            return str(json.loads(out)["runs"][0]["status"])
+        except (json.JSONDecodeError, KeyError, IndexError):
+            return "unknown"
+
+    def cli(self, *args: str) -> str:
+        """Run one ``flwr`` command under this ``FLWR_HOME`` and return its stdout."""
+        result = subprocess.run([self.flwr, *args], capture_output=True, text=True,
+                                env=self.env, cwd=self.app_dir, timeout=120, check=False)
+        return result.stdout
+
+
+class LocalSimulation(FlwrCli):
     """A private local SuperLink in simulation mode for sequential ``flwr run`` calls.
 
     Parameters
@@ -98,22 +188,10 @@ class LocalSimulation:
     """
 
     def __init__(self, app_dir: str | Path, home: str | Path, port: int | None = None) -> None:
-        self.app_dir = Path(app_dir).resolve()
-        self.home = Path(home).resolve()
-        self.home.mkdir(parents=True, exist_ok=True)
+        super().__init__(app_dir, home)
         self.port = port or free_port()
-        bin_dir = str(Path(sys.executable).parent)
-        self.env = {
-            **os.environ,
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-            "FLWR_HOME": str(self.home),
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "FLWR_TELEMETRY_ENABLED": "0",
-        }
-        self.flwr = str(Path(bin_dir) / "flwr")
+        self.env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(self.port)
+        self.env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
 
     def __enter__(self) -> LocalSimulation:
         return self
@@ -150,48 +228,9 @@ class LocalSimulation:
         RunOutcome
             Run id, final status, wall time and log path.
         """
-        log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            self.flwr, "run", str(self.app_dir), "--stream",
-            "--run-config", config_string(run_config),
-            "--federation-config",
-            f"num-supernodes={num_supernodes} client-resources-num-cpus={client_cpus}",
-        ]
-        started = time.perf_counter()
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                    cwd=self.app_dir)
-            try:
-                proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                timed_out = True
-        match = RUN_ID_PATTERN.search(log_path.read_text(errors="replace"))
-        run_id = match.group(1) if match else None
-        if run_id is None:
-            status = "not-started"
-        elif timed_out:
-            self._flwr("stop", run_id)
-            status = "timeout"
-        else:
-            status = self.status(run_id)
-        return RunOutcome(run_id, status, time.perf_counter() - started, log_path)
-
-    def status(self, run_id: str) -> str:
-        """Return Flower's status of a run (``unknown`` if it cannot be read)."""
-        out = self._flwr("ls", "--run-id", run_id, "--format", "json")
-        try:
-            return str(json.loads(out)["runs"][0]["status"])
-        except (json.JSONDecodeError, KeyError, IndexError):
-            return "unknown"
-
-    def _flwr(self, *args: str) -> str:
-        result = subprocess.run([self.flwr, *args], capture_output=True, text=True,
-                                env=self.env, cwd=self.app_dir, timeout=120, check=False)
-        return result.stdout
+        federation = f"num-supernodes={num_supernodes} client-resources-num-cpus={client_cpus}"
+        return self.launch(["--federation-config", federation], run_config,
+                           log_path=log_path, timeout=timeout)
 
     def superlink_pids(self) -> list[int]:
         """PIDs of the SuperLink serving this simulation's ``FLWR_HOME``."""
@@ -201,27 +240,58 @@ class LocalSimulation:
         return [int(pid) for pid in out.split()]
 
     def close(self) -> None:
-        """Stop the SuperLink this simulation started (its SuperExec follows it):
-        SIGTERM, then SIGKILL if it is still there after 10 s (a busy simulation may
-        not stop on SIGTERM).
+        """Stop the SuperLink this simulation started and every process under it (its
+        SuperExec, a running ``flwr-simulation`` and that one's Ray processes, which
+        outlive the SuperLink when it stops in the middle of a run): SIGTERM, then
+        SIGKILL if one is still there after 10 s.
         """
         for pid in self.superlink_pids():
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    break
-                if _gone_within(pid, 10.0):
-                    break
+            tree = descendants(pid)  # before the SuperLink goes and they are re-parented
+            stop_process(pid)
+            for child in reversed(tree):
+                stop_process(child, grace=5.0)
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of every process under ``pid``, breadth first (``pgrep -P``)."""
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        out = subprocess.run(["pgrep", "-P", ",".join(map(str, frontier))],
+                             capture_output=True, text=True, check=False).stdout
+        frontier = [int(child) for child in out.split()]
+        found += frontier
+    return found
+
+
+def stop_process(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM ``pid``, then SIGKILL it if it is still there after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        if _gone_within(pid, grace):
+            return
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
-    """Whether process ``pid`` exits within ``seconds``."""
+    """Whether process ``pid`` exits within ``seconds`` (a zombie has exited)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not is_running(pid):
             return True
         time.sleep(0.1)
     return False
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): alive as far as we can tell

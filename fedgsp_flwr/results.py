@@ -63,11 +63,14 @@ class RunRecorder:
         The run's results folder (created if missing).
     config : Mapping[str, Any]
         The run configuration, written to ``config.json`` at once.
+    rounds : Sequence[Mapping[str, Any]]
+        Rounds recorded before (a resumed run's completed rounds).
     """
 
-    def __init__(self, folder: str | Path, config: Mapping[str, Any]) -> None:
+    def __init__(self, folder: str | Path, config: Mapping[str, Any],
+                 rounds: Sequence[Mapping[str, Any]] = ()) -> None:
         self.folder = Path(folder)
-        self.rounds: list[dict[str, Any]] = []
+        self.rounds: list[dict[str, Any]] = [dict(r) for r in rounds]
         self.summary: dict[str, Any] = {}
         write_atomic(self.folder / "config.json", json.dumps(dict(config), indent=2))
 

@@ -16,11 +16,28 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from .config import RunConfig
+from .checkpoint import (
+    RESUMABLE_CHANGES,
+    Checkpoint,
+    Checkpointable,
+    CheckpointError,
+    ResumedRounds,
+    StrategyState,
+    capture_global_rngs,
+    config_changes,
+    load_checkpoint,
+    node_map,
+    record_arrays,
+    restore_global_rngs,
+    save_checkpoint,
+    to_record,
+)
+from .config import ConfigError, RunConfig
 from .data import bundle_for, load_partitions, load_server_test_set
 from .models import build_model, resolve_model_name
-from .results import RunRecorder
+from .results import RunRecorder, read_metrics
 from .strategies import build_strategy
+from .strategies.queries import query_histograms
 
 app = ServerApp()
 
@@ -75,18 +92,27 @@ class CentralEvaluator:
         test_set: tuple[np.ndarray, np.ndarray],
         strategy: Strategy,
         recorder: RunRecorder,
+        offset: int = 0,
     ) -> None:
         self.cfg = cfg
         self.model = model
         self.x_test, self.y_test = test_set
         self.strategy = strategy
         self.recorder = recorder
+        self.offset = offset
         self.started = self.last = time.perf_counter()
 
-    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        """Evaluate ``arrays``, record and log the round."""
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Evaluate ``arrays``, record and log the round, write the checkpoint.
+
+        In a resumed run, Flower's round ``r`` is round ``offset + r``; its round 0 (the
+        model of the checkpoint) was recorded by the interrupted run.
+        """
         from .training import evaluate
 
+        if self.offset and server_round == 0:
+            return None
+        server_round += self.offset
         now = time.perf_counter()
         round_time, self.last = now - self.last, now
         self.model.load_state_dict(arrays.to_torch_state_dict())
@@ -102,6 +128,8 @@ class CentralEvaluator:
         self.recorder.add_round(row)
         if server_round > 0 and hasattr(self.strategy, "artifacts"):
             self.recorder.write_files(self.strategy.artifacts(final=False))
+        if server_round > 0:
+            self.checkpoint(server_round, arrays)
         log(
             INFO,
             "Round %d/%d: central accuracy %.4f, loss %.4f, %.1fs",
@@ -109,6 +137,20 @@ class CentralEvaluator:
         )
         self.last = time.perf_counter()  # evaluation time is not the next round's
         return MetricRecord({"central-acc": accuracy, "central-loss": loss})
+
+    def checkpoint(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Write the round's checkpoint (model, strategy state, random generators)."""
+        strategy = self.strategy
+        save_checkpoint(self.recorder.folder, Checkpoint(
+            round=server_round,
+            model=record_arrays(arrays),
+            strategy=(strategy.checkpoint_state() if isinstance(strategy, Checkpointable)
+                      else StrategyState()),
+            rng=capture_global_rngs(),
+            run_config=self.cfg.to_mapping(),
+            partitions=(strategy.node_partitions() if isinstance(strategy, Checkpointable)
+                        else {}),
+        ))
 
 
 def seed_everything(seed: int) -> None:
@@ -151,6 +193,51 @@ def run_summary(recorder: RunRecorder, rounds: int, wall_time: float,
     }
 
 
+def resumable_checkpoint(cfg: RunConfig) -> Checkpoint:
+    """The checkpoint of ``cfg.resume_from``, checked against the run config.
+
+    Raises
+    ------
+    ConfigError
+        If there is no readable checkpoint, the run config changes a key that shapes
+        the run, or the checkpoint already has every round.
+    """
+    try:
+        checkpoint = load_checkpoint(cfg.resume_from)
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from err
+    changed = config_changes(checkpoint.run_config, cfg.to_mapping())
+    if changed:
+        raise ConfigError(
+            "resume-from: the run config differs from the interrupted run's in "
+            + ", ".join(f"'{k}' ({checkpoint.run_config.get(k)!r} there, "
+                        f"{cfg.to_mapping().get(k)!r} here)" for k in changed)
+            + f"; only {', '.join(sorted(RESUMABLE_CHANGES))} may change")
+    if checkpoint.round >= cfg.num_server_rounds:
+        raise ConfigError(
+            f"resume-from: the checkpoint already has round {checkpoint.round} of "
+            f"num-server-rounds={cfg.num_server_rounds}; raise num-server-rounds to go on")
+    return checkpoint
+
+
+def resume(strategy: Strategy, checkpoint: Checkpoint, grid: Grid, cfg: RunConfig) -> Strategy:
+    """Restore ``strategy``'s state: nodes that reported a partition id in the
+    interrupted run are found again by asking the connected nodes theirs.
+    """
+    if not isinstance(strategy, Checkpointable):
+        return strategy
+    current: dict[int, int] = {}
+    if checkpoint.partitions:
+        nodes = sorted(grid.get_node_ids())
+        current = query_histograms(grid, nodes, cfg.hop_timeout).partition_ids
+    strategy.restore_state(checkpoint.strategy, node_map(checkpoint.partitions, current))
+    log(INFO, "Resuming after round %d of %d: %d of %d known nodes found again",
+        checkpoint.round, cfg.num_server_rounds,
+        len(set(checkpoint.partitions.values()) & set(current.values())),
+        len(checkpoint.partitions))
+    return strategy
+
+
 def run(grid: Grid, cfg: RunConfig) -> Path:
     """Run one federated experiment on ``grid`` and return its results folder.
 
@@ -167,6 +254,7 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
         The results folder.
     """
     cfg.check_names()  # fail fast, before waiting for nodes or loading data
+    checkpoint = resumable_checkpoint(cfg) if cfg.resume_from else None
     seed_everything(cfg.seed)
     strategy = build_strategy(cfg)
     num_nodes = wait_for_nodes(grid, cfg.min_available_nodes)
@@ -184,17 +272,27 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     if getattr(strategy, "centre_factory", False) is None:  # FeSEM's seeded centres
         strategy.centre_factory = lambda k: ArrayRecord(build_model(  # type: ignore[attr-defined]
             model_name, bundle.input_shape, bundle.num_classes, cfg.seed + k).state_dict())
-    folder = results_folder(cfg)
-    recorder = RunRecorder(folder, run_metadata(cfg, num_nodes, model_name))
+    metadata = run_metadata(cfg, num_nodes, model_name)
+    if checkpoint is None:
+        folder, done, previous = results_folder(cfg), 0, []
+        initial_arrays = ArrayRecord(model.state_dict())
+    else:
+        folder, done = Path(cfg.resume_from).expanduser().resolve(), checkpoint.round
+        previous = (read_metrics(folder) or {}).get("rounds", [])[:done + 1]
+        metadata["resumed-after-round"] = done
+        initial_arrays = to_record(checkpoint.model)
+        strategy = resume(strategy, checkpoint, grid, cfg)
+    recorder = RunRecorder(folder, metadata, previous)
     log(INFO, "Results of this run go to %s", folder)
     evaluator = CentralEvaluator(
-        cfg, model, load_server_test_set(cfg, num_nodes), strategy, recorder
+        cfg, model, load_server_test_set(cfg, num_nodes), strategy, recorder, done
     )
-    initial_arrays = ArrayRecord(model.state_dict())
-    result = strategy.start(
+    if checkpoint is not None:
+        restore_global_rngs(checkpoint.rng)  # last: as they were after round `done`
+    result = (strategy if not done else ResumedRounds(strategy, done)).start(
         grid=grid,
         initial_arrays=initial_arrays,
-        num_rounds=cfg.num_server_rounds,
+        num_rounds=cfg.num_server_rounds - done,
         timeout=cfg.round_timeout,
         train_config=training_config(cfg),
         evaluate_config=ConfigRecord(),

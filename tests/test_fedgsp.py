@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
@@ -105,6 +107,46 @@ def test_a_node_without_the_histogram_handler_is_grouped_at_random() -> None:
     trained_nodes = {n for _, n, t, _ in grid.pushed if t == "train.relay"}
     assert trained_nodes == set(range(8)), "node 3 must still be placed in a group"
     assert strategy.history[2]["skipped-nodes"] == 1  # it has no train.relay either
+
+
+def test_a_silent_node_sits_out_until_it_answers_again() -> None:
+    """A node that crashes mid-chain is skipped (its model goes on), is left out while it
+    does not answer its histogram query, and is taken in again once it does.
+    """
+    grid = grid_of(list(range(4)))
+    alive = {"node 2": True}
+    answer = grid.handlers[2]
+    grid.handlers[2] = lambda message: answer(message) if alive["node 2"] else None
+    strategy = FedGSP(num_groups=1, kappa=1.0, seed=0, fraction_evaluate=0.0,
+                      hop_timeout=0.3, histogram_timeout=0.3)
+    start(strategy, grid, rounds=1)
+    alive["node 2"] = False  # crashes: no reply to anything until it comes back
+    start(strategy, grid, rounds=2)
+    dead_rounds = copy.deepcopy(strategy.history)
+    alive["node 2"] = True
+    start(strategy, grid, rounds=1)
+    # fresh start() calls number rounds from 1: round 1 of the second call had node 2
+    # time out mid-chain, round 2 left it out; the third call took it in again.
+    assert dead_rounds[1]["skipped-nodes"] == 1 and dead_rounds[1]["groups-trained"] == 1
+    assert dead_rounds[1]["hops"] == 4
+    assert dead_rounds[2]["hops"] == 3 and dead_rounds[2]["skipped-nodes"] == 0
+    assert strategy.history[1]["hops"] == 4 and strategy.history[1]["skipped-nodes"] == 0
+    queries = [n for _, n, t, _ in grid.pushed if t == "query.histogram"]
+    assert queries.count(2) == 3, "asked once, again after its failed hop, and on return"
+    assert queries.count(0) == 1
+
+
+def test_a_node_that_left_is_forgotten_and_asked_anew_on_return() -> None:
+    grid = grid_of(list(range(4)))
+    strategy = FedGSP(num_groups=1, kappa=1.0, seed=0, fraction_evaluate=0.0)
+    start(strategy, grid, rounds=1)
+    gone = grid.handlers.pop(3)
+    start(strategy, grid, rounds=1)
+    assert 3 not in strategy.known.histograms
+    grid.handlers[3] = gone
+    start(strategy, grid, rounds=1)
+    assert [n for _, n, t, _ in grid.pushed if t == "query.histogram"].count(3) == 2
+    assert strategy.history[1]["hops"] == 4
 
 
 def test_plain_train_messages_let_any_clientapp_relay() -> None:

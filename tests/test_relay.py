@@ -120,4 +120,39 @@ def test_a_node_that_cannot_be_reached_is_skipped() -> None:
     grid = GoneGrid({1: adder(1), 2: adder(50), 3: adder(100)})
     (result,) = run_relay(grid, [[1, 2, 3]], START, ConfigRecord(), hop_timeout=5)
     assert result.skipped == [2] and "disconnected" in result.hops[1].reason
+    assert result.hops[1].status == "lost"
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [101] * 3)
+
+
+def test_a_node_the_superlink_reports_offline_is_lost_not_failed() -> None:
+    """Flower's SuperLink answers for a node that went offline with NODE_UNAVAILABLE; a
+    ClientApp's own error proves the node is alive. Strategies re-probe only lost nodes.
+    """
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    def offline(message: Message) -> Message:
+        return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node offline"),
+                       reply_to=message)
+
+    grid = FakeGrid({1: adder(1), 2: offline, 3: crash, 4: adder(100)})
+    (result,) = run_relay(grid, [[1, 2, 3, 4]], START, ConfigRecord(), hop_timeout=5)
+    assert [h.status for h in result.hops] == ["ok", "lost", "error", "ok"]
+    np.testing.assert_array_equal(result.arrays["w"].numpy(), [101] * 3)
+
+
+def test_the_relay_polls_and_never_waits_in_send_and_receive() -> None:
+    """In deployment ``Grid.send_and_receive`` sleeps 3 s between polls; the relay pushes
+    each hop and polls for its reply itself, forwarding it as soon as it is there.
+    """
+    class NoBlockingGrid(FakeGrid):
+        def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001, ANN201
+            raise AssertionError("the relay must not block in send_and_receive")
+
+    grid = NoBlockingGrid({n: adder(1) for n in range(1, 6)}, delays={n: 0.05 for n in range(1, 6)})
+    started = time.monotonic()
+    (result,) = run_relay(grid, [[1, 2, 3, 4, 5]], START, ConfigRecord(), hop_timeout=5)
+    assert result.skipped == [] and result.num_examples == 50
+    # five hops of 0.05 s each: forwarded within a poll (0.02 s) of each reply
+    assert time.monotonic() - started < 0.5
+    assert all(h.latency < 0.15 for h in result.hops)

@@ -51,8 +51,8 @@ BAD = {
                           reply_to=instruction(RecordDict(), "train", dst=2)),
                   "expected one ArrayRecord"),
     "no-weight": (reply(2, n=None), "'num-examples' is missing"),
-    "negative-weight": (reply(2, n=-5), "finite number > 0"),
-    "zero-weight": (reply(2, n=0), "finite number > 0"),
+    "negative-weight": (reply(2, n=-5), "must be a number in (0, 1e+09]"),
+    "zero-weight": (reply(2, n=0), "must be a number in (0, 1e+09]"),
     "nan-metric": (reply(2, extra={"train-acc": float("nan")}), "'train-acc' is not finite"),
 }
 

@@ -94,3 +94,18 @@ def test_a_client_metric_is_compared_and_reported_metrics_summarised(tmp_path: P
     simulation.write_comparison(exp, tmp_path)
     assert (tmp_path / "comparison.png").exists()
     assert (tmp_path / "comparison-ari.png").exists()
+
+
+def test_an_interrupted_run_is_resumed_from_its_checkpoint(tmp_path: Path) -> None:
+    import numpy as np
+
+    from fedgsp_flwr.checkpoint import Checkpoint, StrategyState, save_checkpoint
+
+    folder = tmp_path / "run"
+    assert not simulation.resumable(folder, 5)  # nothing there: start afresh
+    save_checkpoint(folder, Checkpoint(3, {"w": np.zeros(2, np.float32)}, StrategyState(),
+                                       {"python": [3, [0], None]}, {"seed": 1}))
+    assert simulation.resumable(folder, 5)
+    assert not simulation.resumable(folder, 3)  # every round done: nothing to resume
+    (folder / "checkpoint.npz").write_bytes(b"damaged")
+    assert not simulation.resumable(folder, 5)

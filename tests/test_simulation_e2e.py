@@ -45,6 +45,15 @@ def test_flwr_run_trains_and_writes_the_results_folder(sim: LocalSimulation,
     assert (folder / "accuracy.png").exists() and (folder / "metrics.csv").exists()
     log = outcome.log_path.read_text()
     assert "Round 2/2: central accuracy" in log
+    # resume-from through flwr run: one more round, written into the same folder
+    outcome = sim.run({**TINY, "num-server-rounds": 3, "strategy": "fedprox",
+                       "results-dir": str(tmp_path / "results"), "resume-from": str(folder)},
+                      num_supernodes=3, log_path=tmp_path / "resumed.log", timeout=600)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    assert "Resuming after round 2 of 3" in outcome.log_path.read_text()
+    metrics = read_metrics(folder)
+    assert [r["round"] for r in metrics["rounds"]] == [0, 1, 2, 3]
+    assert metrics["rounds"][:3] == rounds and metrics["status"] == "complete"
 
 
 def test_fedgsp_relays_through_the_simulation_engine(sim: LocalSimulation,

@@ -264,3 +264,30 @@ def test_projection_preserves_cosines() -> None:
         m / np.linalg.norm(m, axis=1, keepdims=True)).T
     assert np.abs(cos(raw) - cos(proj)).max() < 0.06
     assert not np.allclose(project(raw[0], 2048, seed=3), project(raw[0], 2048, seed=4))
+
+
+def test_a_silent_node_sits_out_until_its_sketch_query_is_answered() -> None:
+    """A node that does not answer its training message is left out of the next rounds
+    while it does not answer a new sketch query; then it trains in its cluster again.
+    """
+    nodes = list(range(6))
+    grid = FakeGrid({n: app_for(n) for n in nodes})
+    alive = {"node 4": True}
+    answer = grid.handlers[4]
+    grid.handlers[4] = lambda message: answer(message) if alive["node 4"] else None
+    strategy = StoCFL(tau=0.5, fraction_train=1.0, fraction_evaluate=0.0,
+                      min_available_nodes=6, train_timeout=0.5, query_timeout=0.3, seed=1)
+    start(strategy, grid, 1)
+    cluster = strategy.clustering.cluster_of[4]
+    alive["node 4"] = False
+    start(strategy, grid, 2)
+    assert strategy.history[1]["train-rejected"] == 1 and strategy.history[1]["train-replies"] == 5
+    assert strategy.history[2]["sampled"] == 5 and strategy.history[2]["train-rejected"] == 0
+    assert strategy.suspects == {4}
+    alive["node 4"] = True
+    start(strategy, grid, 1)
+    assert strategy.history[1]["train-replies"] == 6 and strategy.suspects == set()
+    assert strategy.clustering.cluster_of[4] == cluster, "it keeps its cluster"
+    sketches = [n for _, n, t, _ in grid.pushed if t == "query.sketch"]
+    assert sketches.count(4) == 3, "asked at first, while silent, and on its return"
+    assert sketches.count(0) == 1

@@ -40,11 +40,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 
 from ..config import RunConfig
 from ..data import ClientData
+from ..privacy import laplace_histogram
 from ..sketches import compute_sketch
 from ..training import TrainResult, evaluate, train
 
@@ -333,13 +343,35 @@ def make_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Context], Me
     return handle
 
 
+def histogram_epsilon(context: Context) -> float:
+    """The node's privacy budget for its histogram: node config ``histogram-epsilon``,
+    else the run config's; 0 (the default) reports exact counts.
+
+    Raises
+    ------
+    ValueError
+        If the value is not a number >= 0.
+    """
+    value = context.node_config.get("histogram-epsilon",
+                                    context.run_config.get("histogram-epsilon", 0.0))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"histogram-epsilon must be a number >= 0, got {value!r}")
+    return float(value)
+
+
 def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
-    """Return a handler for ``query.histogram``: the node's train label counts."""
+    """Return a handler for ``query.histogram``: the node's train label counts, with
+    Laplace noise if the node has a ``histogram-epsilon`` (see :mod:`fedgsp_flwr.privacy`).
+    """
 
     def handle(message: Message, context: Context) -> Message:
         data = hooks.load_data(context)
-        reply = _vector_reply(message, context, HISTOGRAM_KEY, data.histogram(),
-                              len(data.y_train))
+        counts = data.histogram()
+        if (epsilon := histogram_epsilon(context)) > 0:
+            seed = local_seed(context, ConfigRecord({"server-round": -1}))
+            counts = laplace_histogram(counts, epsilon, np.random.default_rng(seed))
+        reply = _vector_reply(message, context, HISTOGRAM_KEY, counts,
+                              max(1, int(counts.sum())) if epsilon > 0 else len(data.y_train))
         if (edges := node_edges(context)) is not None:
             reply.content.metric_records[METRICS_KEY]["edges"] = edges
         if (cluster := node_cluster_id(context)) is not None:

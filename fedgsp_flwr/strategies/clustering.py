@@ -16,8 +16,9 @@ similarity matrix is never recomputed from the sketches.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -155,6 +156,55 @@ class SketchClustering:
         cos = _cosines(self._gram)
         np.fill_diagonal(cos, 1.0)
         return list(self._ids), cos
+
+    # --- saving and restoring ---------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The whole clustering as JSON-able values and arrays (see :meth:`from_state`)."""
+        sketch_clients = list(self.sketches)
+        meta = {
+            "tau": self.tau, "keep-sketches": self.keep_sketches, "dim": self.dim,
+            "ids": list(self._ids), "next-id": self._next_id,
+            "members": [[cid, list(m)] for cid, m in self._members.items()],
+            "sketch-clients": sketch_clients,
+        }
+        width = self.dim or 0
+        arrays = {
+            "sums": np.stack(self._sums) if self._sums else np.zeros((0, width), np.float32),
+            "sizes": self._sizes.copy(), "gram": self._gram.copy(),
+            "sketches": (np.stack([self.sketches[c] for c in sketch_clients]) if sketch_clients
+                         else np.zeros((0, width), np.float32)),
+        }
+        return meta, arrays
+
+    @classmethod
+    def from_state(cls, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+                   clients: Callable[[Client], Client] = int) -> SketchClustering:
+        """The clustering of :meth:`state`, client ids translated by ``clients``.
+
+        Raises
+        ------
+        ValueError
+            If the arrays do not fit the values (a damaged state).
+        """
+        out = cls(float(meta["tau"]), bool(meta["keep-sketches"]))
+        out.dim = meta["dim"]
+        out._ids = [int(c) for c in meta["ids"]]
+        out._next_id = int(meta["next-id"])
+        out._members = {int(cid): [clients(c) for c in members]
+                        for cid, members in meta["members"]}
+        out.cluster_of = {c: cid for cid, members in out._members.items() for c in members}
+        out._sums = list(np.asarray(arrays["sums"], dtype=np.float32))
+        out._sizes = np.asarray(arrays["sizes"], dtype=np.int64)
+        out._gram = np.asarray(arrays["gram"], dtype=np.float64)
+        out.sketches = {clients(c): row for c, row in
+                        zip(meta["sketch-clients"], arrays["sketches"], strict=True)}
+        n = len(out._ids)
+        if len(out._sums) != n or out._sizes.shape != (n,) or out._gram.shape != (n, n) \
+                or set(out._members) != set(out._ids):
+            raise ValueError(f"clustering state does not fit: {n} clusters, "
+                             f"{len(out._sums)} sums, gram {out._gram.shape}")
+        return out
 
     # --- updates ----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
+from ..checkpoint import Checkpointable
 from .replies import filter_replies
 
 
@@ -55,7 +56,7 @@ def array_bytes(messages: Iterable[Message]) -> int:
                for record in m.content.array_records.values())
 
 
-class ValidatedAggregation:
+class ValidatedAggregation(Checkpointable):
     """Mixin for Flower message-API strategies: validate each reply, keep a history.
 
     Placed before a Flower strategy in the bases (``class S(ValidatedAggregation,

@@ -139,9 +139,9 @@ class FedGSP(RelayStrategy):
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
         """Regroup the connected nodes, sample groups with kappa, shuffle their order."""
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        self._connected = len(connected)
-        self.known.refresh(grid, connected)  # random grouping too: its CPD is reported
-        nodes = self.known.order(connected)
+        # Random grouping asks for histograms too: its CPD is reported.
+        nodes = self.known.reachable(grid, connected)
+        self._connected = len(nodes)
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
                                               self.beta, len(nodes)), len(nodes))
         with_hist = [n for n in nodes if n in self.known.histograms]

@@ -15,6 +15,16 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from ..checkpoint import (
+    NodeMap,
+    StrategyState,
+    from_pairs,
+    generator_state,
+    pairs,
+    record_arrays,
+    set_generator_state,
+    to_record,
+)
 from .clustering import agreement_scores
 from .fedavg import ServerSideRound, array_bytes, check_parameters
 from .multicenter import (
@@ -26,7 +36,7 @@ from .multicenter import (
     multicenter_loss,
     squared_distances,
 )
-from .queries import NodeHistograms, collect_reply_list, node_label
+from .queries import NodeHistograms, collect_reply_list, node_label, unreachable
 from .replies import reply_problem
 from .stocfl import sample_share
 
@@ -132,6 +142,43 @@ class FeSEM(ServerSideRound):
             ", ".join(self.layers) if self.layers else "all layers")
         super().summary()
 
+    # --- checkpoint -------------------------------------------------------------------
+
+    def checkpoint_state(self) -> StrategyState:
+        """The centres, the assignment, the initial model, what is known of the nodes,
+        the random generators.
+        """
+        state = super().checkpoint_state()
+        state.meta.update({"fesem-rng": generator_state(self.rng),
+                           "fesem-eval-rng": generator_state(self.eval_rng),
+                           "assignment": pairs(self.assignment),
+                           "has-centres": self.centres is not None})
+        if self.start_model is not None:
+            state.arrays.update({f"start/{k}": v
+                                 for k, v in record_arrays(self.start_model).items()})
+        if self.centres is not None:
+            state.arrays["centres"] = self.centres
+        state.merge("known", self.known.checkpoint_state())
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`."""
+        super().restore_state(state, node_map)
+        meta = state.meta
+        set_generator_state(self.rng, meta["fesem-rng"])
+        set_generator_state(self.eval_rng, meta["fesem-eval-rng"])
+        self.assignment = from_pairs(meta["assignment"], node_map)
+        start = {k[len("start/"):]: v for k, v in state.arrays.items() if k.startswith("start/")}
+        if start:
+            self.start_model = to_record(start)
+            self.layout = Layout.of(start)
+        self.centres = state.arrays["centres"].astype(np.float32) if meta["has-centres"] else None
+        self.known.restore_state(state.part("known"), node_map)
+
+    def node_partitions(self) -> dict[int, int]:
+        """The partition ids the nodes reported with their histograms."""
+        return {**super().node_partitions(), **self.known.partition_ids}
+
     # --- centres ----------------------------------------------------------------------
 
     def setup(self, arrays: ArrayRecord) -> None:
@@ -192,8 +239,7 @@ class FeSEM(ServerSideRound):
         if self.start_model is None:
             self.setup(arrays)
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        self.known.refresh(grid, connected)
-        sampled = sample_share(self.known.order(connected), self.fraction_train,
+        sampled = sample_share(self.known.reachable(grid, connected), self.fraction_train,
                                self.min_train_nodes, self.rng)
         records: dict[int | None, ArrayRecord] = {None: cast(ArrayRecord, self.start_model)}
         train_config = ConfigRecord({**dict(config), "server-round": server_round})
@@ -206,6 +252,8 @@ class FeSEM(ServerSideRound):
                                                 "config": train_config}),
                                     dst_node_id=node, message_type="train"))
         replies = collect_reply_list(grid, messages, self.train_timeout)
+        # a node that is gone answers a histogram query again before it trains again
+        self.known.forget([n for (n, _), r in zip(plan, replies, strict=True) if unreachable(r)])
         fits: dict[int, list[tuple[int | None, Message]]] = {}
         problems: dict[int, list[str]] = {}
         for (node, centre), reply in zip(plan, replies, strict=True):

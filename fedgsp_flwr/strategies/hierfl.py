@@ -13,6 +13,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from ..checkpoint import (
+    NodeMap,
+    StrategyState,
+    from_pairs,
+    generator_state,
+    pairs,
+    set_generator_state,
+)
 from .edge_assignment import (
     POLICIES,
     AssignmentProblem,
@@ -22,7 +30,7 @@ from .edge_assignment import (
     paper_topology,
 )
 from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
-from .queries import NodeHistograms, collect_replies
+from .queries import NodeHistograms, collect_replies, unreachable
 from .replies import filter_replies
 
 
@@ -115,6 +123,44 @@ class HierFL(ServerSideRound):
             where, self.tau1, self.tau2)
         super().summary()
 
+    # --- checkpoint -------------------------------------------------------------------
+
+    def checkpoint_state(self) -> StrategyState:
+        """The assignment, the generated topology, what is known of the nodes, the
+        random generator.
+        """
+        state = super().checkpoint_state()
+        nodes = list(self._generated)
+        state.meta.update({
+            "hierfl-rng": generator_state(self.rng), "users": list(self.users),
+            "edge-of": pairs(self.edge_of), "generated-nodes": nodes,
+            "generated-original": [self._generated[n][1] for n in nodes],
+            "assignment-metrics": dict(self._assignment_metrics),
+        })
+        state.arrays["generated-reach"] = (
+            np.stack([self._generated[n][0] for n in nodes]) if nodes
+            else np.zeros((0, self.num_edges), dtype=bool))
+        state.merge("known", self.known.checkpoint_state())
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`."""
+        super().restore_state(state, node_map)
+        meta = state.meta
+        set_generator_state(self.rng, meta["hierfl-rng"])
+        self.users = [node_map(u) for u in meta["users"]]
+        self.edge_of = from_pairs(meta["edge-of"], node_map)
+        self._generated = {
+            node_map(n): (reach.astype(bool), int(original)) for n, reach, original in zip(
+                meta["generated-nodes"], state.arrays["generated-reach"],
+                meta["generated-original"], strict=True)}
+        self._assignment_metrics = dict(meta["assignment-metrics"])
+        self.known.restore_state(state.part("known"), node_map)
+
+    def node_partitions(self) -> dict[int, int]:
+        """The partition ids the nodes reported with their histograms."""
+        return {**super().node_partitions(), **self.known.partition_ids}
+
     # --- assignment -------------------------------------------------------------------
 
     def problem_for(self, users: list[int]) -> tuple[AssignmentProblem, np.ndarray | None]:
@@ -201,10 +247,7 @@ class HierFL(ServerSideRound):
         """Run the cloud round's ``tau2`` edge rounds; the result waits for aggregate_train."""
         started = time.monotonic()
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        gone = [u for u in self.edge_of if u not in connected]
-        self.known.forget(gone)
-        self.known.refresh(grid, connected)
-        users = self.known.order(connected)
+        users = self.known.reachable(grid, connected)
         if set(users) != set(self.edge_of):
             self.reassign(users)
         members_of: dict[int, list[int]] = {}
@@ -231,6 +274,9 @@ class HierFL(ServerSideRound):
             sent += array_bytes(outgoing)
             messages += len(outgoing)
             replies = collect_replies(grid, outgoing, self.edge_round_timeout)
+            # a node that is gone answers a histogram query again before it trains again
+            self.known.forget([m.metadata.dst_node_id for m in outgoing
+                               if unreachable(replies.get(m.metadata.dst_node_id))])
             for edge in edge_models:
                 mine = [replies[u] for u in members_of[edge] if u in replies]
                 received += array_bytes(mine)

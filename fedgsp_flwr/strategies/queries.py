@@ -9,10 +9,16 @@ from logging import WARNING
 
 import numpy as np
 from flwr.app import Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..checkpoint import NodeMap, StrategyState, from_pairs, pairs, stack_rows
+
 MAX_HISTOGRAM_COUNT = 10**9
+# Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
+UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
+                      ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
 
 
 def collect_reply_list(
@@ -75,6 +81,16 @@ def node_label(node: int, partition_ids: Mapping[int, int]) -> str:
     return f"partition-{partition_ids[node]}" if node in partition_ids else f"node-{node}"
 
 
+def unreachable(reply: Message | None) -> bool:
+    """Whether a message got no answer from the node itself.
+
+    That is no reply in time, or the SuperLink's error reply for a node that went
+    offline. An error the node's ClientApp sent (e.g. for a query it has no handler
+    for) proves the node is there.
+    """
+    return reply is None or (reply.has_error() and reply.error.code in UNREACHABLE_ERRORS)
+
+
 def vector_problem(reply: Message, key: str, size: int | None) -> str | None:
     """Why a reply does not carry one finite vector ``key`` (of ``size``), or ``None``."""
     if reply.has_error():
@@ -129,10 +145,13 @@ class HistogramReplies:
         The HierFL edges nodes reported in range (their ``edges`` node config).
     cluster_ids : dict[int, int]
         The Semi-FL clusters nodes reported (their ``cluster-id`` node config).
+    unreachable : set[int]
+        The failed nodes that did not answer at all (see :func:`unreachable`).
     """
 
     histograms: dict[int, np.ndarray] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    unreachable: set[int] = field(default_factory=set)
     partition_ids: dict[int, int] = field(default_factory=dict)
     edges: dict[int, list[int]] = field(default_factory=dict)
     cluster_ids: dict[int, int] = field(default_factory=dict)
@@ -168,6 +187,8 @@ def query_histograms(
     out = HistogramReplies()
     for node in node_ids:
         reply = replies.get(node)
+        if unreachable(reply):
+            out.unreachable.add(node)
         if reply is None:
             out.failed[node] = f"no reply within {timeout:g}s"
             continue
@@ -215,6 +236,8 @@ class NodeHistograms:
         The HierFL edges nodes reported in range.
     cluster_ids : dict[int, int]
         The Semi-FL clusters nodes reported.
+    unreachable : set[int]
+        Nodes that did not answer their last query at all (asked again next time).
     """
 
     def __init__(self, owner: str, timeout: float) -> None:
@@ -224,10 +247,17 @@ class NodeHistograms:
         self.partition_ids: dict[int, int] = {}
         self.edges: dict[int, list[int]] = {}
         self.cluster_ids: dict[int, int] = {}
+        self.unreachable: set[int] = set()
 
     def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
-        """Ask the nodes not seen before for their class histograms."""
+        """Ask the nodes not seen before (or forgotten) for their class histograms.
+
+        A node that answers without a usable histogram (a ClientApp without our
+        handler) is remembered as such; one that does not answer at all is put in
+        :attr:`unreachable` and asked again on the next call.
+        """
         new = [n for n in nodes if n not in self.histograms and n not in self.without]
+        self.unreachable.difference_update(nodes)
         if not new:
             return
         known = next(iter(self.histograms.values()), None)
@@ -237,10 +267,29 @@ class NodeHistograms:
         self.partition_ids.update(replies.partition_ids)
         self.edges.update(replies.edges)
         self.cluster_ids.update(replies.cluster_ids)
-        self.without.update(replies.failed)
-        if replies.failed:
+        self.unreachable = replies.unreachable
+        answered = {n: r for n, r in replies.failed.items() if n not in replies.unreachable}
+        self.without.update(answered)
+        if answered:
             log(WARNING, "%s: %d node(s) without a histogram are placed at random",
-                self.owner, len(replies.failed))
+                self.owner, len(answered))
+        if self.unreachable:
+            log(WARNING, "%s: node(s) %s did not answer; they sit out until they do",
+                self.owner, sorted(self.unreachable))
+
+    def reachable(self, grid: Grid, connected: Sequence[int]) -> list[int]:
+        """The connected nodes that can take part in a round, in :meth:`order`.
+
+        Forgets nodes that are no longer connected, asks new and forgotten nodes (see
+        :meth:`forget`) for their histograms, and leaves out those that did not answer.
+        """
+        self.forget([n for n in self.known_nodes() if n not in set(connected)])
+        self.refresh(grid, connected)
+        return self.order([n for n in connected if n not in self.unreachable])
+
+    def known_nodes(self) -> set[int]:
+        """Nodes with a histogram or a recorded reason for having none."""
+        return set(self.histograms) | set(self.without)
 
     def forget(self, nodes: Sequence[int]) -> None:
         """Drop what is known of nodes that left (a node that comes back is asked anew)."""
@@ -254,3 +303,23 @@ class NodeHistograms:
     def order(self, nodes: Sequence[int]) -> list[int]:
         """The nodes in :func:`partition_order`."""
         return partition_order(nodes, self.partition_ids)
+
+    def checkpoint_state(self) -> StrategyState:
+        """Everything known of the nodes (see :mod:`fedgsp_flwr.checkpoint`)."""
+        nodes, matrix = stack_rows(self.histograms)
+        meta = {"histogram-nodes": nodes, "without": pairs(self.without),
+                "partition-ids": pairs(self.partition_ids), "edges": pairs(self.edges),
+                "cluster-ids": pairs(self.cluster_ids), "unreachable": sorted(self.unreachable)}
+        return StrategyState(meta, {"histograms": matrix})
+
+    def restore_state(self, state: StrategyState, nodes: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`, node ids translated by ``nodes``."""
+        meta = state.meta
+        self.histograms = {nodes(n): row.astype(np.int64) for n, row in
+                           zip(meta["histogram-nodes"], state.arrays["histograms"],
+                               strict=True)}
+        self.without = from_pairs(meta["without"], nodes)
+        self.partition_ids = from_pairs(meta["partition-ids"], nodes)
+        self.edges = from_pairs(meta["edges"], nodes)
+        self.cluster_ids = from_pairs(meta["cluster-ids"], nodes)
+        self.unreachable = {nodes(n) for n in meta["unreachable"]}

@@ -22,9 +22,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from .queries import unreachable
 from .replies import reply_problem
 
 HOP_OK = "ok"
+HOP_ERROR = "error"
+HOP_TIMEOUT = "timeout"
+HOP_REJECTED = "rejected"
+HOP_LOST = "lost"  # the node is gone: push failed or the SuperLink reports it offline
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ class Hop:
     position : int
         Index of the hop in its chain.
     status : str
-        ``ok``, ``error``, ``rejected`` or ``timeout``.
+        ``ok``, ``error`` (the ClientApp failed), ``rejected`` (unsound reply),
+        ``timeout`` or ``lost`` (the node is gone).
     reason : str
         Why the hop was skipped ('' when ok).
     latency : float
@@ -172,7 +178,7 @@ def run_relay(
         else:
             reason = "push returned no message id"
         if not pushed:
-            finish_hop(chain, Hop(node, position, "error", reason))
+            finish_hop(chain, Hop(node, position, HOP_LOST, reason))
             return
         chain.sent_at = time.monotonic()
         chain.bytes_sent = chain.result.arrays.count_bytes()
@@ -200,7 +206,7 @@ def run_relay(
             if now - chain.sent_at > hop_timeout:
                 del waiting[message_id]
                 node = chain.result.nodes[chain.next_position]
-                finish_hop(chain, Hop(node, chain.next_position, "timeout",
+                finish_hop(chain, Hop(node, chain.next_position, HOP_TIMEOUT,
                                       f"no reply within {hop_timeout:g}s",
                                       now - chain.sent_at, chain.bytes_sent))
         if not replies and waiting:
@@ -217,7 +223,8 @@ def _hop_from_reply(chain: _Chain, reply: Message, now: float, weighted_by_key: 
     problem = reply_problem(reply, reference=chain.result.arrays,
                             weighted_by_key=weighted_by_key, require_arrays=True)
     if problem is not None:
-        status = "error" if reply.has_error() else "rejected"
+        status = (HOP_LOST if unreachable(reply) else
+                  HOP_ERROR if reply.has_error() else HOP_REJECTED)
         return Hop(node, position, status, problem, latency, chain.bytes_sent)
     trained = next(iter(reply.content.array_records.values()))
     metrics: MetricRecord = next(iter(reply.content.metric_records.values()))

@@ -16,6 +16,9 @@ import numpy as np
 from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
+# A reply's weight (its examples) above this is absurd and would swamp an average.
+MAX_WEIGHT = 10**9
+
 
 def reply_problem(
     reply: Message,
@@ -34,8 +37,8 @@ def reply_problem(
         The arrays that were sent; a returned ArrayRecord must match their keys,
         shapes and dtypes. ``None`` skips that comparison.
     weighted_by_key : str
-        Metric that weights the reply (e.g. ``num-examples``): must be a finite
-        number > 0.
+        Metric that weights the reply (e.g. ``num-examples``): must be a number in
+        (0, :data:`MAX_WEIGHT`].
     require_arrays : bool
         Whether the reply must carry exactly one ArrayRecord (training replies).
 
@@ -53,8 +56,9 @@ def reply_problem(
     weight = metrics.get(weighted_by_key)
     if weight is None:
         return f"metric '{weighted_by_key}' is missing"
-    if isinstance(weight, list) or not math.isfinite(weight) or weight <= 0:
-        return f"metric '{weighted_by_key}' must be a finite number > 0, got {weight!r}"
+    if isinstance(weight, list) or not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT:
+        return (f"metric '{weighted_by_key}' must be a number in (0, {MAX_WEIGHT:g}], "
+                f"got {weight!r}")
     for key, value in metrics.items():
         values = value if isinstance(value, list) else [value]
         if not all(math.isfinite(v) for v in values):

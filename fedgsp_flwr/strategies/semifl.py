@@ -15,6 +15,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from ..checkpoint import NodeMap, StrategyState
 from .cluster_rules import CLUSTER_RULES, label_coverage, static_clusters
 from .fedavg import check_parameters
 from .queries import NodeHistograms
@@ -138,6 +139,18 @@ class SemiFL(RelayStrategy):
             self.cluster_size, "shuffled" if self.shuffle_order else "fixed")
         super().summary()
 
+    def checkpoint_state(self) -> StrategyState:
+        """The static clusters, beside the relay's state."""
+        state = super().checkpoint_state()
+        state.meta["clusters"] = [[c, list(m)] for c, m in self.clusters.items()]
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`."""
+        super().restore_state(state, node_map)
+        self.clusters = {int(c): [node_map(n) for n in members]
+                         for c, members in state.meta["clusters"]}
+
     @property
     def cluster_of(self) -> dict[int, int]:
         """Cluster id of every node placed so far."""
@@ -202,12 +215,11 @@ class SemiFL(RelayStrategy):
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
         """Place new nodes, then one chain per cluster over its connected members."""
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
+        reachable = self.known.reachable(grid, connected)
         placed = self.cluster_of
-        new = self.known.order([n for n in connected if n not in placed])
-        if new:
-            self.known.refresh(grid, new)
-            self.place(self.known.order(new))
-        live = set(connected)
+        if new := [n for n in reachable if n not in placed]:
+            self.place(new)
+        live = set(reachable)
         chains = []
         for cluster in sorted(self.clusters):
             members = self.known.order([n for n in self.clusters[cluster] if n in live])
@@ -216,6 +228,6 @@ class SemiFL(RelayStrategy):
             if members:
                 chains.append(members)
         metrics = self.cluster_metrics()
-        log(INFO, "SemiFL round %d: %d clusters over %d connected nodes", server_round,
-            len(chains), len(connected))
+        log(INFO, "SemiFL round %d: %d clusters over %d reachable nodes", server_round,
+            len(chains), len(reachable))
         return chains, metrics

@@ -13,8 +13,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..checkpoint import NodeMap, StrategyState, generator_state, set_generator_state
 from .fedavg import ServerSideRound, average_arrays
-from .relay import ChainResult, run_relay
+from .queries import NodeHistograms
+from .relay import HOP_LOST, HOP_TIMEOUT, ChainResult, run_relay
 
 RELAY_MESSAGE_TYPES = ("train.relay", "train")
 
@@ -39,11 +41,15 @@ class RelayStrategy(ServerSideRound):
         ``False`` takes the uniform mean.
     local_epochs : int (default: 1)
         Local epochs per hop, sent as ``local-epochs`` in every hop's config.
+    poll_interval : float (default: 0.02)
+        Seconds between polls for hop replies while none arrived.
     seed : int (default: 0)
         Seed of the strategy's own random choices (grouping, sampling, order).
     **kwargs : Any
         FedAvg's parameters (sampling of evaluation nodes, keys, ...).
     """
+
+    known: NodeHistograms  # set by subclasses: what is known of the nodes
 
     def __init__(
         self,
@@ -52,6 +58,7 @@ class RelayStrategy(ServerSideRound):
         relay_message_type: str = "train.relay",
         weighted_average: bool = True,
         local_epochs: int = 1,
+        poll_interval: float = 0.02,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -65,15 +72,35 @@ class RelayStrategy(ServerSideRound):
             )
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
         self.hop_timeout = hop_timeout
         self.relay_message_type = relay_message_type
         self.weighted_average = weighted_average
         self.local_epochs = local_epochs
+        self.poll_interval = poll_interval
         self.rng = np.random.default_rng(seed)
 
     @abstractmethod
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
         """Return this round's chains (node ids in training order) and round metrics."""
+
+    def checkpoint_state(self) -> StrategyState:
+        """The random generator and what is known of the nodes, beside the base's."""
+        state = super().checkpoint_state()
+        state.meta["relay-rng"] = generator_state(self.rng)
+        state.merge("known", self.known.checkpoint_state())
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`."""
+        super().restore_state(state, node_map)
+        set_generator_state(self.rng, state.meta["relay-rng"])
+        self.known.restore_state(state.part("known"), node_map)
+
+    def node_partitions(self) -> dict[int, int]:
+        """The partition ids the nodes reported with their histograms."""
+        return {**super().node_partitions(), **self.known.partition_ids}
 
     def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
         """A method's own estimate of a round's traffic, reported beside the measured."""
@@ -97,10 +124,15 @@ class RelayStrategy(ServerSideRound):
         started = time.monotonic()
         results = run_relay(grid, chains, arrays, hop_config, hop_timeout=self.hop_timeout,
                             message_type=self.relay_message_type,
-                            weighted_by_key=self.weighted_by_key)
+                            weighted_by_key=self.weighted_by_key,
+                            poll_interval=self.poll_interval)
         metrics.update(relay_metrics(results, time.monotonic() - started))
         metrics.update(self.traffic_estimate(arrays.count_bytes()))
         skipped = {node: "skipped" for r in results for node in r.skipped}
+        # A node that is gone or timed out must answer a histogram query again before it
+        # is chained again (a dead node would otherwise cost every round a timeout).
+        self.known.forget([h.node_id for r in results for h in r.hops
+                           if h.status in (HOP_LOST, HOP_TIMEOUT)])
         return self.finish_round(server_round, self.average(results), metrics,
                                  sum(r.trained for r in results), skipped)
 

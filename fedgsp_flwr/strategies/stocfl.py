@@ -15,6 +15,16 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from ..checkpoint import (
+    NodeMap,
+    StrategyState,
+    from_pairs,
+    generator_state,
+    pairs,
+    record_arrays,
+    set_generator_state,
+    to_record,
+)
 from ..sketches import SKETCH_MODES
 from .clustering import (
     Merge,
@@ -27,6 +37,7 @@ from .queries import (
     node_label,
     partition_order,
     reported_partition,
+    unreachable,
     vector_problem,
 )
 from .replies import arrays_problem, reply_problem
@@ -152,6 +163,7 @@ class StoCFL(ServerSideRound):
         self.models: dict[int, ArrayRecord] = {}
         self.anchor: ArrayRecord | None = None
         self.plain: dict[int, str] = {}  # node -> why it has no sketch
+        self.suspects: set[int] = set()  # nodes that did not answer their last message
         self.partition_ids: dict[int, int] = {}
         self.trained: set[int] = set()
         self.held_out: set[int] = set()
@@ -165,6 +177,56 @@ class StoCFL(ServerSideRound):
             self.sketch_config["sketch-dim"] or "full", self.merge_model,
             self.holdout_fraction)
         super().summary()
+
+    # --- checkpoint -------------------------------------------------------------------
+
+    def checkpoint_state(self) -> StrategyState:
+        """The clustering with its cached sketches, the cluster models and anchor, the
+        node sets, the random generators.
+        """
+        state = super().checkpoint_state()
+        meta, arrays = self.clustering.state()
+        state.merge("clustering", StrategyState(meta, arrays))
+        state.meta.update({
+            "stocfl-rng": generator_state(self.rng),
+            "stocfl-eval-rng": generator_state(self.eval_rng),
+            "models": sorted(self.models), "plain": pairs(self.plain),
+            "partition-ids": pairs(self.partition_ids), "trained": sorted(self.trained),
+            "held-out": sorted(self.held_out), "decided": sorted(self._decided),
+            "suspects": sorted(self.suspects), "has-anchor": self.anchor is not None,
+        })
+        for cluster, model in self.models.items():
+            state.arrays.update({f"model-{cluster}/{k}": v
+                                 for k, v in record_arrays(model).items()})
+        if self.anchor is not None:
+            state.arrays.update({f"anchor/{k}": v for k, v in record_arrays(self.anchor).items()})
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`."""
+        super().restore_state(state, node_map)
+        meta = state.meta
+        part = state.part("clustering")
+        self.clustering = SketchClustering.from_state(part.meta, part.arrays, node_map)
+        set_generator_state(self.rng, meta["stocfl-rng"])
+        set_generator_state(self.eval_rng, meta["stocfl-eval-rng"])
+
+        def record(prefix: str) -> ArrayRecord:
+            return to_record({k[len(prefix):]: v for k, v in state.arrays.items()
+                              if k.startswith(prefix)})
+
+        self.models = {int(c): record(f"model-{c}/") for c in meta["models"]}
+        self.anchor = record("anchor/") if meta["has-anchor"] else None
+        self.plain = from_pairs(meta["plain"], node_map)
+        self.partition_ids = from_pairs(meta["partition-ids"], node_map)
+        self.trained = {node_map(n) for n in meta["trained"]}
+        self.held_out = {node_map(n) for n in meta["held-out"]}
+        self._decided = {node_map(n) for n in meta["decided"]}
+        self.suspects = {node_map(n) for n in meta["suspects"]}
+
+    def node_partitions(self) -> dict[int, int]:
+        """The partition ids the nodes reported with their sketches."""
+        return {**super().node_partitions(), **self.partition_ids}
 
     # --- clustering -------------------------------------------------------------------
 
@@ -202,6 +264,26 @@ class StoCFL(ServerSideRound):
                 log(WARNING, "StoCFL: node %d has no sketch (%s); it stays a singleton "
                     "trained on the global model", node, problem)
         return sketches
+
+    def reachable(self, grid: Grid, connected: Sequence[int]) -> list[int]:
+        """The connected nodes less the suspects that still do not answer.
+
+        A node that did not answer its last message (crashed, or its SuperNode went
+        offline) is asked for its sketch anew before it is sampled again; it keeps its
+        cluster. Suspects that left the grid are dropped from the list.
+        """
+        self.suspects &= set(connected)
+        probe = self.order(self.suspects)
+        if probe:
+            assert self.anchor is not None
+            messages = [Message(RecordDict({"arrays": self.anchor,
+                                            "config": self.sketch_config}),
+                                dst_node_id=n, message_type="query.sketch") for n in probe]
+            replies = collect_reply_list(grid, messages, self.query_timeout)
+            self.suspects = {n for n, r in zip(probe, replies, strict=True) if unreachable(r)}
+            log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
+                len(probe) - len(self.suspects), len(probe), sorted(self.suspects) or "none")
+        return [n for n in connected if n not in self.suspects]
 
     def cluster_new(self, grid: Grid, nodes: Sequence[int]) -> list[Merge]:
         """Sketch and cluster the nodes not seen before; merge the cluster models."""
@@ -267,7 +349,7 @@ class StoCFL(ServerSideRound):
         if self.anchor is None:
             self.anchor = arrays
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        sampled = self.sample_train(connected)
+        sampled = self.sample_train(self.reachable(grid, connected))
         merges = self.cluster_new(grid, sampled)
         train_config = ConfigRecord(dict(config))
         train_config["server-round"] = server_round
@@ -287,6 +369,7 @@ class StoCFL(ServerSideRound):
                 messages.append(Message(content, dst_node_id=node,
                                         message_type="train.bilevel"))
         replies = collect_reply_list(grid, messages, self.train_timeout)
+        self.suspects.update(n for n, r in zip(sampled, replies, strict=True) if unreachable(r))
         global_parts: list[tuple[ArrayRecord, float]] = []
         cluster_parts: dict[int, list[tuple[ArrayRecord, float]]] = {}
         losses: list[tuple[float, float, float]] = []
@@ -364,7 +447,8 @@ class StoCFL(ServerSideRound):
         if self.fraction_evaluate == 0.0:
             return []
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)
-        nodes = sample_share(self.order(connected), self.fraction_evaluate,
+        nodes = sample_share(self.order(n for n in connected if n not in self.suspects),
+                             self.fraction_evaluate,
                              self.min_evaluate_nodes, self.eval_rng)
         placed = self.place_new(grid, nodes)
         messages = []

@@ -1,0 +1,467 @@
+"""A real Flower federation on this machine: one SuperLink, SuperNodes, ``flwr run``.
+
+:class:`LocalFederation` starts ``flower-superlink`` (deployment mode, runtime
+dependency installation off) and ``flower-supernode`` processes on 127.0.0.1, each
+SuperNode with its own port and node config, optionally with TLS (certificates made
+by :func:`make_certificates`) and SuperNode authentication (keys made by
+:func:`make_node_key`, registered with ``flwr supernode register``). It runs the app
+with ``flwr run <app> <connection> --stream`` and stops exactly the processes it
+started, each with its process group (a SuperNode's SuperExec and running ClientApp
+go with it).
+
+Started as a script, it brings up a federation for a quick try and keeps it up until
+Ctrl-C::
+
+    python -m fedgsp_flwr.federation --nodes 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from .launcher import FlwrCli, RunOutcome, free_port, toml_value
+
+CONNECTION = "fedgsp-local"
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """Paths of a CA certificate and of a server certificate and key it signed."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def make_certificates(folder: str | Path, hosts: Sequence[str] = (HOST, "localhost"),
+                      days: int = 7) -> Certificates:
+    """Write a self-signed CA and a server certificate for ``hosts`` into ``folder``.
+
+    Parameters
+    ----------
+    folder : str | Path
+        Output folder (created).
+    hosts : Sequence[str]
+        IP addresses or DNS names the server certificate is valid for.
+    days : int
+        Validity in days.
+
+    Returns
+    -------
+    Certificates
+        PEM files ``ca.crt``, ``server.pem`` and ``server.key``.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+
+    def build(subject: str, issuer: x509.Name, public_key: Any, signer: Any,
+              ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            names: list[x509.GeneralName] = []
+            for host in hosts:
+                try:
+                    names.append(x509.IPAddress(ipaddress.ip_address(host)))
+                except ValueError:
+                    names.append(x509.DNSName(host))
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedgsp-flwr test CA")])
+    ca_cert = build("fedgsp-flwr test CA", ca_name, ca_key.public_key(), ca_key, ca=True)
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = build(hosts[0], ca_name, server_key.public_key(), ca_key, ca=False)
+    paths = Certificates(folder / "ca.crt", folder / "server.pem", folder / "server.key")
+    paths.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    paths.server_key.write_bytes(server_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return paths
+
+
+def make_node_key(path: str | Path) -> tuple[Path, Path]:
+    """Write an ECDSA (SECP384R1) key pair in OpenSSH format: ``path`` and ``path.pub``.
+
+    The format of ``ssh-keygen -t ecdsa -b 384 -N ""``, which SuperNode authentication
+    takes.
+
+    Returns
+    -------
+    tuple[Path, Path]
+        The private and the public key file.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = Path(path)
+    private.parent.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.OpenSSH,
+                                          serialization.NoEncryption()))
+    private.chmod(0o600)
+    public = private.with_name(private.name + ".pub")
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                     serialization.PublicFormat.OpenSSH))
+    return private, public
+
+
+def node_config_string(values: Mapping[str, Any]) -> str:
+    """Render a node config for ``flower-supernode --node-config``."""
+    return " ".join(f"{key}={toml_value(value)}" for key, value in values.items())
+
+
+@dataclass
+class NodeProcess:
+    """One ``flower-supernode`` started by :class:`LocalFederation`.
+
+    Attributes
+    ----------
+    name : str
+        Its name in logs (``node-<index>``).
+    node_config : dict[str, Any]
+        Its node config (``partition-id``, ``num-partitions``, ...).
+    port : int
+        Port of its Runtime API.
+    log_path : Path
+        Its stdout and stderr.
+    key : Path | None
+        Its private authentication key, if any.
+    process : subprocess.Popen[bytes] | None
+        The running process (``None`` once stopped).
+    """
+
+    name: str
+    node_config: dict[str, Any]
+    port: int
+    log_path: Path
+    key: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether its process is alive."""
+        return self.process is not None and self.process.poll() is None
+
+
+class LocalFederation(FlwrCli):
+    """A SuperLink and SuperNodes on 127.0.0.1, as separate processes, for ``flwr run``.
+
+    Parameters
+    ----------
+    app_dir : str | Path
+        The Flower app (folder with ``pyproject.toml``).
+    home : str | Path
+        Folder for ``FLWR_HOME``, certificates, keys and process logs.
+    tls : bool
+        Serve the SuperLink over TLS with certificates made here.
+    auth : bool
+        Start the SuperLink with ``--enable-supernode-auth`` (needs ``tls``); nodes
+        added with ``register=True`` get a key registered with ``flwr supernode
+        register``.
+    node_env : Mapping[str, str] | None
+        Extra environment for the SuperNodes (e.g. ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
+
+    Examples
+    --------
+    >>> with LocalFederation(".", "/tmp/fed") as fed:  # doctest: +SKIP
+    ...     for i in range(3):
+    ...         fed.add_node({"partition-id": i, "num-partitions": 3})
+    ...     fed.wait_for_nodes(3)
+    ...     outcome = fed.run({"num-server-rounds": 1}, log_path=Path("run.log"))
+    """
+
+    def __init__(self, app_dir: str | Path, home: str | Path, *, tls: bool = False,
+                 auth: bool = False, node_env: Mapping[str, str] | None = None) -> None:
+        if auth and not tls:
+            raise ValueError("SuperNode authentication needs TLS: pass tls=True with auth=True")
+        super().__init__(app_dir, Path(home) / "flwr-home")
+        self.folder = Path(home).resolve()
+        self.tls, self.auth = tls, auth
+        self.node_env = dict(node_env or {})
+        self.port = free_port()
+        self.address = f"{HOST}:{self.port}"
+        self.certificates = make_certificates(self.folder / "certificates") if tls else None
+        self.nodes: list[NodeProcess] = []
+        self.superlink: subprocess.Popen[bytes] | None = None
+        self._logs: list[TextIO] = []
+        self._write_connection()
+
+    def __enter__(self) -> LocalFederation:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write_connection(self) -> None:
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "",
+                 f"[superlink.{CONNECTION}]", f'address = "{self.address}"']
+        if self.certificates is None:
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{self.certificates.ca_cert}"')
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def _spawn(self, cmd: list[str], log_path: Path,
+               env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = log_path.open("w")
+        self._logs.append(log)
+        # A session of its own: the process group takes the process's children along.
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**self.env, **(env or {})}, cwd=self.folder,
+                                start_new_session=True)
+
+    def _tls_args(self, role: str) -> list[str]:
+        certs = self.certificates
+        if certs is None:
+            return ["--insecure"]
+        if role == "superlink":
+            return ["--ssl-ca-certfile", str(certs.ca_cert),
+                    "--ssl-certfile", str(certs.server_cert),
+                    "--ssl-keyfile", str(certs.server_key)]
+        return ["--root-certificates", str(certs.ca_cert)]
+
+    def start(self, timeout: float = 60.0) -> LocalFederation:
+        """Start the SuperLink and wait until it accepts connections.
+
+        Raises
+        ------
+        RuntimeError
+            If it exits or does not listen within ``timeout`` seconds.
+        """
+        cmd = [str(self.bin_dir / "flower-superlink"), *self._tls_args("superlink"),
+               "--disable-runtime-dependency-installation", "--host", HOST,
+               "--port", str(self.port)]
+        if self.auth:
+            cmd.append("--enable-supernode-auth")
+        log_path = self.folder / "superlink.log"
+        self.superlink = self._spawn(cmd, log_path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.superlink.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited: {log_path.read_text()[-2000:]}")
+            with socket.socket() as sock:
+                if sock.connect_ex((HOST, self.port)) == 0:
+                    return self
+            time.sleep(0.2)
+        raise RuntimeError(f"flower-superlink did not listen on {self.address} in {timeout:g}s")
+
+    def add_node(self, node_config: Mapping[str, Any], *, register: bool = True,
+                 max_retries: int | None = None) -> NodeProcess:
+        """Start a SuperNode with ``node_config``.
+
+        Parameters
+        ----------
+        node_config : Mapping[str, Any]
+            Its node config.
+        register : bool
+            With ``auth``: register its public key first (``False`` starts a node the
+            SuperLink does not know).
+        max_retries : int | None
+            Connection attempts before it gives up (``None``: Flower's default, no limit).
+
+        Returns
+        -------
+        NodeProcess
+            The started node.
+        """
+        index = len(self.nodes)
+        node = NodeProcess(f"node-{index}", dict(node_config), free_port(),
+                           self.folder / f"node-{index}.log")
+        if self.auth:
+            node.key, public = make_node_key(self.folder / "keys" / node.name)
+            if register:
+                self.register(public)
+        self.nodes.append(node)
+        self.restart_node(node, max_retries=max_retries)
+        return node
+
+    def register(self, public_key: Path) -> None:
+        """Register a SuperNode's public key with ``flwr supernode register``.
+
+        Raises
+        ------
+        RuntimeError
+            If the CLI reports a failure.
+        """
+        out = self.cli("supernode", "register", str(public_key), CONNECTION, "--format", "json")
+        try:
+            ok = bool(json.loads(out).get("success"))
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            raise RuntimeError(f"flwr supernode register {public_key} failed: {out[-1000:]}")
+
+    def restart_node(self, node: NodeProcess, max_retries: int | None = None) -> None:
+        """(Re)start a node's ``flower-supernode`` process with its node config and key."""
+        if node.running:
+            raise RuntimeError(f"{node.name} is running")
+        cmd = [str(self.bin_dir / "flower-supernode"), *self._tls_args("supernode"),
+               "--superlink", self.address, "--port", str(node.port),
+               "--node-config", node_config_string(node.node_config)]
+        if node.key is not None:
+            cmd += ["--auth-supernode-private-key", str(node.key)]
+        if max_retries is not None:
+            cmd += ["--max-retries", str(max_retries)]
+        node.process = self._spawn(cmd, node.log_path, self.node_env)
+
+    def kill_node(self, node: NodeProcess, sig: int = signal.SIGKILL) -> None:
+        """Stop a node's process group at once (SIGKILL: a crash, no goodbye)."""
+        if node.process is not None:
+            _signal_group(node.process, sig)
+            node.process.wait()
+            node.process = None
+
+    def online_nodes(self) -> list[int]:
+        """Node ids the SuperLink lists as online."""
+        out = self.cli("supernode", "list", CONNECTION, "--format", "json")
+        try:
+            nodes = json.loads(out)["nodes"]
+        except (json.JSONDecodeError, KeyError):
+            return []
+        return [int(n["node-id"]) for n in nodes if n.get("status") == "online"]
+
+    def wait_for_nodes(self, count: int, timeout: float = 120.0) -> list[int]:
+        """Block until ``count`` nodes are online; return their ids.
+
+        Raises
+        ------
+        TimeoutError
+            Naming the nodes that did not come up.
+        """
+        deadline = time.monotonic() + timeout
+        while len(online := self.online_nodes()) < count:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        else:
+            return online
+        stopped = [n.name for n in self.nodes if not n.running]
+        raise TimeoutError(f"{len(online)}/{count} nodes online after {timeout:g}s "
+                           f"(exited: {stopped or 'none'})")
+
+    def run(self, run_config: Mapping[str, Any], *, log_path: str | Path,
+            timeout: float = 3600.0) -> RunOutcome:
+        """Run the app on this federation with ``flwr run <app> <connection> --stream``.
+
+        Parameters
+        ----------
+        run_config : Mapping[str, Any]
+            Run-config overrides.
+        log_path : str | Path
+            File that receives the streamed log.
+        timeout : float
+            Seconds before the run is stopped and reported as ``timeout``.
+
+        Returns
+        -------
+        RunOutcome
+            Run id, final status, wall time and log path.
+        """
+        return self.launch([], run_config, log_path=log_path, timeout=timeout,
+                           connection=CONNECTION)
+
+    def pids(self) -> list[int]:
+        """PIDs of the running processes this federation started."""
+        procs = [self.superlink, *(n.process for n in self.nodes)]
+        return [p.pid for p in procs if p is not None and p.poll() is None]
+
+    def close(self) -> None:
+        """Stop every process this federation started (SIGTERM, SIGKILL after 10 s)."""
+        for node in self.nodes:
+            if node.process is not None:
+                _stop_group(node.process)
+                node.process = None
+        if self.superlink is not None:
+            _stop_group(self.superlink)
+            self.superlink = None
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM a process group, SIGKILL it after ``grace`` s, and reap the leader."""
+    _signal_group(process, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(process, signal.SIGKILL)  # the leader's children, too
+    process.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Start a local federation and keep it up until Ctrl-C."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=4, help="SuperNodes to start")
+    parser.add_argument("--home", default="local-federation",
+                        help="folder for FLWR_HOME, certificates and logs")
+    parser.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS")
+    parser.add_argument("--auth", action="store_true",
+                        help="SuperNode authentication (implies --tls)")
+    parser.add_argument("--node-config", default="",
+                        help="extra node config for every node (TOML values), "
+                        "e.g. 'edges=\"0,1\"'")
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        parser.error("--nodes must be >= 1")
+    try:
+        extra = tomllib.loads("\n".join(args.node_config.split()))
+    except tomllib.TOMLDecodeError as err:
+        parser.error(f"--node-config: {err}")
+    with LocalFederation(".", args.home, tls=args.tls or args.auth, auth=args.auth) as fed:
+        for i in range(args.nodes):
+            fed.add_node({"partition-id": i, "num-partitions": args.nodes, **extra})
+        fed.wait_for_nodes(args.nodes)
+        print(f"SuperLink on {fed.address}, {args.nodes} SuperNodes online; logs in "
+              f"{fed.folder}. In another shell:\n\n"
+              f"  FLWR_HOME={fed.home} flwr run . {CONNECTION} --stream\n\n"
+              "Ctrl-C stops the federation.", flush=True)
+        try:
+            while fed.superlink is not None and fed.superlink.poll() is None:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""A plain Flower ClientApp, as in Flower's PyTorch quickstart: only ``@app.train()``
+and ``@app.evaluate()``, its own model, data and training loop, nothing of ours.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+CLASSES, FEATURES = 4, 6
+
+
+class Net(torch.nn.Module):
+    """A linear classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(FEATURES, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def load_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Node i holds mostly class i mod 4 (label skew): 40 examples."""
+    rng = np.random.default_rng(partition_id)
+    y = np.where(rng.random(40) < 0.8, partition_id % CLASSES, rng.integers(0, CLASSES, 40))
+    x = (rng.normal(size=(40, FEATURES)) + np.eye(CLASSES, FEATURES)[y] * 2).astype(np.float32)
+    return x, y
+
+
+def make_app() -> ClientApp:
+    """A fresh ClientApp (each test registers its own handlers on it)."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        model = Net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        x, y = load_partition(int(context.node_config["partition-id"]))
+        optimizer = torch.optim.SGD(model.parameters(), lr=float(msg.content["config"]["lr"]))
+        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)),
+                                                 torch.from_numpy(y))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        metrics = MetricRecord({"train-loss": loss.item(), "num-examples": len(y)})
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        model = Net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        x, y = load_partition(int(context.node_config["partition-id"]))
+        with torch.no_grad():
+            logits = model(torch.from_numpy(x))
+        metrics = MetricRecord({
+            "eval-loss": float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))),
+            "eval-acc": float((logits.argmax(1).numpy() == y).mean()),
+            "num-examples": len(y)})
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
