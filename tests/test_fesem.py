@@ -194,3 +194,25 @@ def test_bad_parameters_are_named() -> None:
     strategy = FeSEM(k=2, layers=["fc"], fraction_evaluate=0.0)
     with pytest.raises(ValueError, match="unknown layers"):
         start(strategy, grid_of([0, 1]), rounds=1)
+
+
+def test_a_silent_node_sits_out_until_it_answers_a_histogram_query_again() -> None:
+    grid = grid_of(list(range(6)))
+    silent = node_id(4)
+    alive = {"yes": True}
+    answer = grid.handlers[silent]
+    grid.handlers[silent] = lambda message: answer(message) if alive["yes"] else None
+    strategy = FeSEM(k=2, layers=["head"], seed=0, fraction_train=1.0,
+                     fraction_evaluate=0.0, train_timeout=0.3, histogram_timeout=0.3)
+    start(strategy, grid, 1)
+    centre = strategy.assignment[silent]
+    alive["yes"] = False
+    start(strategy, grid, 2)
+    assert strategy.history[1]["train-rejected"] == 1  # its training reply never came
+    assert strategy.history[2]["sampled"] == 5 and strategy.history[2]["train-rejected"] == 0
+    alive["yes"] = True
+    start(strategy, grid, 1)
+    assert strategy.history[1]["sampled"] == 6 and strategy.history[1]["train-replies"] == 6
+    assert strategy.assignment[silent] == centre
+    queries = [n for _, n, t, _ in grid.pushed if t == "query.histogram"]
+    assert queries.count(silent) == 3 and queries.count(node_id(0)) == 1

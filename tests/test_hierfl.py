@@ -128,3 +128,23 @@ def test_edges_stated_in_the_node_config_are_the_nodes_reach() -> None:
     assert strategy.known.edges == {n: ([0] if n % 2 else [1, 2]) for n in range(8)}
     for node, edge in strategy.edge_of.items():
         assert edge == 0 if node % 2 else edge in (1, 2)
+
+
+def test_a_silent_user_is_left_out_and_reassigned_when_it_answers_again() -> None:
+    nodes = list(range(8))
+    grid = FakeGrid({n: app_for(n) for n in nodes})
+    alive = {"yes": True}
+    answer = grid.handlers[5]
+    grid.handlers[5] = lambda message: answer(message) if alive["yes"] else None
+    strategy = HierFL(policy="greedy", num_edges=2, reach_per_user=2, tau2=1, seed=0,
+                      fraction_evaluate=0.0, edge_round_timeout=0.5, histogram_timeout=0.3)
+    start(strategy, grid, 1)
+    alive["yes"] = False
+    start(strategy, grid, 2)
+    assert strategy.history[1]["train-replies"] == 7  # its reply never came
+    assert 5 not in strategy.edge_of and strategy.history[2]["user-edge-messages"] == 7
+    alive["yes"] = True
+    start(strategy, grid, 1)
+    assert 5 in strategy.edge_of and strategy.history[1]["train-replies"] == 8
+    queries = [n for _, n, t, _ in grid.pushed if t == "query.histogram"]
+    assert queries.count(5) == 3 and queries.count(0) == 1

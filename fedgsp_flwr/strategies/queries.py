@@ -267,7 +267,7 @@ class NodeHistograms:
         self.partition_ids.update(replies.partition_ids)
         self.edges.update(replies.edges)
         self.cluster_ids.update(replies.cluster_ids)
-        self.unreachable = replies.unreachable
+        self.unreachable |= replies.unreachable
         answered = {n: r for n, r in replies.failed.items() if n not in replies.unreachable}
         self.without.update(answered)
         if answered:
