@@ -417,3 +417,93 @@ def test_a_bad_sketch_makes_the_node_plain_and_is_logged(kind: str,
     assert list(sketches) == [1] and BAD_NODE in strategy.plain
     assert BAD_NODE not in strategy.clustering.cluster_of
     assert_named_once(lines, BAD_NODE)
+
+
+EVAL_KINDS = ["weight-missing", "weight-not-positive", "weight-not-finite", "weight-absurd",
+              "weight-list", "metric", "no-metrics", "two-metrics", "error"]
+
+
+@pytest.mark.parametrize("kind", EVAL_KINDS)
+@FEW
+@given(data=st.data())
+def test_federated_evaluation_is_the_mean_without_the_bad_reply(
+        kind: str, data: st.DataObject) -> None:
+    """Evaluation replies carry metrics only: the train corruptions of the metrics."""
+    make = data.draw(corruption(kind))
+
+    def evaluation(node: int, acc: float, n: int) -> Message:
+        request = instruction(RecordDict({"arrays": REFERENCE}), "evaluate", dst=node)
+        return Message(RecordDict({"metrics": MetricRecord(
+            {"num-examples": n, "train-loss": 1 - acc})}), reply_to=request)
+
+    def without_arrays(reply: Message) -> Message:
+        if reply.has_error():
+            return reply
+        content = RecordDict()
+        for name, record in reply.content.metric_records.items():
+            content[name] = record
+        return Message(content, reply_to=instruction(RecordDict(), "evaluate", dst=BAD_NODE))
+
+    good = [evaluation(1, 0.5, 10), evaluation(2, 0.9, 30)]
+    bad = without_arrays(make(instruction(RecordDict({"arrays": REFERENCE}), "evaluate",
+                                          dst=BAD_NODE), REFERENCE))
+    results = []
+    with flwr_warnings() as lines:
+        for replies in (good, [good[0], bad, good[1]]):
+            strategy = FedAvg()
+            results.append(dict(strategy.aggregate_evaluate(1, replies) or {}))
+    assert results[1] == results[0] and results[0]["train-loss"] == pytest.approx(0.2)
+    assert_named_once(lines, BAD_NODE)
+
+
+def hierfl_node(amount: float) -> Callable[[Message], Message]:
+    """A sound HierFL user: one class histogram, and training that adds ``amount``."""
+    train = adder(amount)
+
+    def handle(message: Message) -> Message:
+        if message.metadata.message_type == "query.histogram":
+            return histogram_node(np.array([4, 1, 0, 2], np.int64))(message)
+        return train(message)
+    return handle
+
+
+def hierfl_round(bad: Callable[[Message], Message]) -> dict[str, np.ndarray]:
+    from fedgsp_flwr.strategies import HierFL
+
+    nodes = {1: hierfl_node(1.0), 2: hierfl_node(2.0), 3: hierfl_node(4.0),
+             4: hierfl_node(8.0), BAD_NODE: bad}
+    strategy = HierFL(num_edges=2, reach_per_user=2, policy="greedy", tau2=2, seed=0,
+                      fraction_evaluate=0.0, min_available_nodes=1,
+                      edge_round_timeout=5, histogram_timeout=5)
+    result = strategy.start(FakeGrid(nodes), REFERENCE, num_rounds=1, timeout=5)
+    assert result.arrays is not None
+    return {k: v.numpy() for k, v in result.arrays.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@FEW
+@given(data=st.data())
+def test_hierfl_cloud_model_is_the_model_with_the_bad_reply_refused(
+        kind: str, data: st.DataObject) -> None:
+    """The corrupted user's edge averages its other users only, in both edge rounds;
+    the cloud model equals the one where that user's replies are error replies.
+    """
+    make = data.draw(corruption(kind))
+    sound = hierfl_node(1.0)
+
+    def corrupted(message: Message) -> Message:
+        if message.metadata.message_type == "query.histogram":
+            return sound(message)
+        return hostile(make)(message)
+
+    def refused(message: Message) -> Message:
+        if message.metadata.message_type == "query.histogram":
+            return sound(message)
+        return Message(Error(code=2, reason="refused"), reply_to=message)
+
+    with flwr_warnings() as lines:
+        dirty = hierfl_round(corrupted)
+    clean = hierfl_round(refused)
+    for key in SHAPES:
+        np.testing.assert_array_equal(dirty[key], clean[key])
+    assert len([line for line in lines if f"node {BAD_NODE}" in line]) == 2  # 2 edge rounds
