@@ -67,14 +67,11 @@ class StrategyState:
     def merge(self, prefix: str, other: StrategyState) -> None:
         """Add ``other`` under ``prefix`` (``prefix/name``)."""
         self.meta[prefix] = other.meta
-        self.arrays.update({f"{prefix}/{k}": v for k, v in other.arrays.items()})
+        self.arrays.update(prefixed(other.arrays, prefix))
 
     def part(self, prefix: str) -> StrategyState:
         """The state added with :meth:`merge` under ``prefix``."""
-        cut = len(prefix) + 1
-        return StrategyState(dict(self.meta.get(prefix, {})),
-                             {k[cut:]: v for k, v in self.arrays.items()
-                              if k.startswith(prefix + "/")})
+        return StrategyState(dict(self.meta.get(prefix, {})), under(self.arrays, prefix))
 
 
 class Checkpointable:
@@ -134,8 +131,8 @@ def save_checkpoint(folder: str | Path, checkpoint: Checkpoint) -> Path:
         "run-config": checkpoint.run_config,
         "partitions": pairs(checkpoint.partitions),
     }
-    arrays = {f"model/{k}": v for k, v in checkpoint.model.items()}
-    arrays.update({f"strategy/{k}": v for k, v in checkpoint.strategy.arrays.items()})
+    arrays = {**prefixed(checkpoint.model, "model"),
+              **prefixed(checkpoint.strategy.arrays, "strategy")}
     if torch_state is not None:
         arrays["rng/torch"] = np.asarray(torch_state, dtype=np.uint8)
     arrays[META_KEY] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
@@ -167,14 +164,10 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
     rng = dict(meta["rng"])
     if "rng/torch" in arrays:
         rng["torch"] = arrays.pop("rng/torch")
-
-    def under(prefix: str) -> dict[str, np.ndarray]:
-        return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-
     return Checkpoint(
         round=int(meta["round"]),
-        model=under("model/"),
-        strategy=StrategyState(meta["strategy"], under("strategy/")),
+        model=under(arrays, "model"),
+        strategy=StrategyState(meta["strategy"], under(arrays, "strategy")),
         rng=rng,
         run_config=meta["run-config"],
         partitions=from_pairs(meta["partitions"]),
@@ -261,6 +254,17 @@ def stack_rows(mapping: Mapping[int, np.ndarray]) -> tuple[list[int], np.ndarray
     """Node-keyed vectors of one length as (nodes, matrix)."""
     nodes = list(mapping)
     return nodes, (np.stack([mapping[n] for n in nodes]) if nodes else np.zeros((0, 0)))
+
+
+def prefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """``arrays`` renamed ``<prefix>/<name>``, to be stored beside others."""
+    return {f"{prefix}/{k}": v for k, v in arrays.items()}
+
+
+def under(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The arrays stored with :func:`prefixed` under ``prefix``, by their own names."""
+    cut = len(prefix) + 1
+    return {k[cut:]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
 
 
 def record_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .launcher import FlwrCli, RunOutcome, free_port, toml_value
+from .launcher import FlwrCli, RunOutcome, config_string, free_port
 
 CONNECTION = "fedgsp-local"
 HOST = "127.0.0.1"
@@ -135,11 +135,6 @@ def make_node_key(path: str | Path) -> tuple[Path, Path]:
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                      serialization.PublicFormat.OpenSSH))
     return private, public
-
-
-def node_config_string(values: Mapping[str, Any]) -> str:
-    """Render a node config for ``flower-supernode --node-config``."""
-    return " ".join(f"{key}={toml_value(value)}" for key, value in values.items())
 
 
 @dataclass
@@ -329,7 +324,7 @@ class LocalFederation(FlwrCli):
             raise RuntimeError(f"{node.name} is running")
         cmd = [str(self.bin_dir / "flower-supernode"), *self._tls_args("supernode"),
                "--superlink", self.address, "--port", str(node.port),
-               "--node-config", node_config_string(node.node_config)]
+               "--node-config", config_string(node.node_config)]
         if node.key is not None:
             cmd += ["--auth-supernode-private-key", str(node.key)]
         if max_retries is not None:

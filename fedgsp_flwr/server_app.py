@@ -22,7 +22,6 @@ from .checkpoint import (
     Checkpointable,
     CheckpointError,
     ResumedRounds,
-    StrategyState,
     capture_global_rngs,
     config_changes,
     load_checkpoint,
@@ -140,16 +139,16 @@ class CentralEvaluator:
 
     def checkpoint(self, server_round: int, arrays: ArrayRecord) -> None:
         """Write the round's checkpoint (model, strategy state, random generators)."""
-        strategy = self.strategy
+        # A strategy of another library has no state to save beyond the model.
+        strategy = (self.strategy if isinstance(self.strategy, Checkpointable)
+                    else Checkpointable())
         save_checkpoint(self.recorder.folder, Checkpoint(
             round=server_round,
             model=record_arrays(arrays),
-            strategy=(strategy.checkpoint_state() if isinstance(strategy, Checkpointable)
-                      else StrategyState()),
+            strategy=strategy.checkpoint_state(),
             rng=capture_global_rngs(),
             run_config=self.cfg.to_mapping(),
-            partitions=(strategy.node_partitions() if isinstance(strategy, Checkpointable)
-                        else {}),
+            partitions=strategy.node_partitions(),
         ))
 
 
@@ -305,7 +304,7 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
         run_summary(recorder, cfg.num_server_rounds, time.perf_counter() - evaluator.started,
                     num_nodes),
         # Result.arrays stays empty when no round produced an aggregate.
-        {k: v.numpy() for k, v in (result.arrays or initial_arrays).items()},
+        record_arrays(result.arrays or initial_arrays),
     )
     log(INFO, "Final central accuracy %.4f; results in %s", last["central-acc"], folder)
     return folder

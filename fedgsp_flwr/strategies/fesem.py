@@ -10,7 +10,7 @@ from logging import INFO, WARNING
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
@@ -21,9 +21,11 @@ from ..checkpoint import (
     from_pairs,
     generator_state,
     pairs,
+    prefixed,
     record_arrays,
     set_generator_state,
     to_record,
+    under,
 )
 from .clustering import agreement_scores
 from .fedavg import ServerSideRound, array_bytes, check_parameters
@@ -36,14 +38,14 @@ from .multicenter import (
     multicenter_loss,
     squared_distances,
 )
-from .queries import NodeHistograms, collect_reply_list, node_label, unreachable
+from .queries import KnownNodes, NodeHistograms, collect_reply_list, node_label
 from .replies import reply_problem
 from .stocfl import sample_share
 
 NEW_CLIENTS = ("probe", "initial")
 
 
-class FeSEM(ServerSideRound):
+class FeSEM(KnownNodes, ServerSideRound):
     """FeSEM (Xie et al., 2021): K centre models fitted by stochastic EM.
 
     Each round samples ``fraction_train`` of the connected nodes. A node assigned to a
@@ -145,20 +147,17 @@ class FeSEM(ServerSideRound):
     # --- checkpoint -------------------------------------------------------------------
 
     def checkpoint_state(self) -> StrategyState:
-        """The centres, the assignment, the initial model, what is known of the nodes,
-        the random generators.
+        """The centres, the assignment, the initial model and the random generators,
+        beside what is known of the nodes.
         """
         state = super().checkpoint_state()
         state.meta.update({"fesem-rng": generator_state(self.rng),
                            "fesem-eval-rng": generator_state(self.eval_rng),
-                           "assignment": pairs(self.assignment),
-                           "has-centres": self.centres is not None})
+                           "assignment": pairs(self.assignment)})
         if self.start_model is not None:
-            state.arrays.update({f"start/{k}": v
-                                 for k, v in record_arrays(self.start_model).items()})
+            state.arrays.update(prefixed(record_arrays(self.start_model), "start"))
         if self.centres is not None:
             state.arrays["centres"] = self.centres
-        state.merge("known", self.known.checkpoint_state())
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
@@ -168,23 +167,18 @@ class FeSEM(ServerSideRound):
         set_generator_state(self.rng, meta["fesem-rng"])
         set_generator_state(self.eval_rng, meta["fesem-eval-rng"])
         self.assignment = from_pairs(meta["assignment"], node_map)
-        start = {k[len("start/"):]: v for k, v in state.arrays.items() if k.startswith("start/")}
-        if start:
+        if start := under(state.arrays, "start"):
             self.start_model = to_record(start)
             self.layout = Layout.of(start)
-        self.centres = state.arrays["centres"].astype(np.float32) if meta["has-centres"] else None
-        self.known.restore_state(state.part("known"), node_map)
-
-    def node_partitions(self) -> dict[int, int]:
-        """The partition ids the nodes reported with their histograms."""
-        return {**super().node_partitions(), **self.known.partition_ids}
+        centres = state.arrays.get("centres")
+        self.centres = None if centres is None else centres.astype(np.float32)
 
     # --- centres ----------------------------------------------------------------------
 
     def setup(self, arrays: ArrayRecord) -> None:
         """Remember the initial model and its layout; build ``seeds`` centres."""
         self.start_model = arrays
-        self.layout = Layout.of({k: v.numpy() for k, v in arrays.items()})
+        self.layout = Layout.of(record_arrays(arrays))
         self.layout.columns(self.layers)  # fail fast on unknown layer names
         if self.init == "seeds":
             if self.centre_factory is None:
@@ -194,13 +188,12 @@ class FeSEM(ServerSideRound):
     def stack(self, records: Sequence[ArrayRecord]) -> np.ndarray:
         """The models as rows of one float32 matrix."""
         assert self.layout is not None
-        return self.layout.stack([{k: v.numpy() for k, v in r.items()} for r in records])
+        return self.layout.stack([record_arrays(r) for r in records])
 
     def centre_record(self, centre: int) -> ArrayRecord:
         """Centre ``centre`` as an ArrayRecord."""
         assert self.layout is not None and self.centres is not None
-        return ArrayRecord({k: Array(v) for k, v in
-                            self.layout.unstack(self.centres[centre]).items()})
+        return to_record(self.layout.unstack(self.centres[centre]))
 
     def init_kmeans(self, x: np.ndarray) -> None:
         """Centres from k-means++ over the first round's models (the initial model
@@ -227,7 +220,7 @@ class FeSEM(ServerSideRound):
         if weights.sum() == 0:
             weights[:] = 1.0
         mean = (weights / weights.sum()) @ self.centres.astype(np.float64)
-        return ArrayRecord({k: Array(v) for k, v in self.layout.unstack(mean).items()})
+        return to_record(self.layout.unstack(mean))
 
     # --- training ---------------------------------------------------------------------
 
@@ -252,8 +245,8 @@ class FeSEM(ServerSideRound):
                                                 "config": train_config}),
                                     dst_node_id=node, message_type="train"))
         replies = collect_reply_list(grid, messages, self.train_timeout)
-        # a node that is gone answers a histogram query again before it trains again
-        self.known.forget([n for (n, _), r in zip(plan, replies, strict=True) if unreachable(r)])
+        self.known.forget_unanswered(
+            (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
         fits: dict[int, list[tuple[int | None, Message]]] = {}
         problems: dict[int, list[str]] = {}
         for (node, centre), reply in zip(plan, replies, strict=True):

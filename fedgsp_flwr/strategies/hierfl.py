@@ -30,11 +30,11 @@ from .edge_assignment import (
     paper_topology,
 )
 from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
-from .queries import NodeHistograms, collect_replies, unreachable
+from .queries import KnownNodes, NodeHistograms, collect_replies
 from .replies import filter_replies
 
 
-class HierFL(ServerSideRound):
+class HierFL(KnownNodes, ServerSideRound):
     """Hierarchical FL (Mhaisen et al.): users train with their edge, edges with the cloud.
 
     Histograms are asked once per node (``query.histogram``). The users (nodes, ordered
@@ -126,8 +126,8 @@ class HierFL(ServerSideRound):
     # --- checkpoint -------------------------------------------------------------------
 
     def checkpoint_state(self) -> StrategyState:
-        """The assignment, the generated topology, what is known of the nodes, the
-        random generator.
+        """The assignment, the generated topology and the random generator, beside what
+        is known of the nodes.
         """
         state = super().checkpoint_state()
         nodes = list(self._generated)
@@ -140,7 +140,6 @@ class HierFL(ServerSideRound):
         state.arrays["generated-reach"] = (
             np.stack([self._generated[n][0] for n in nodes]) if nodes
             else np.zeros((0, self.num_edges), dtype=bool))
-        state.merge("known", self.known.checkpoint_state())
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
@@ -155,11 +154,6 @@ class HierFL(ServerSideRound):
                 meta["generated-nodes"], state.arrays["generated-reach"],
                 meta["generated-original"], strict=True)}
         self._assignment_metrics = dict(meta["assignment-metrics"])
-        self.known.restore_state(state.part("known"), node_map)
-
-    def node_partitions(self) -> dict[int, int]:
-        """The partition ids the nodes reported with their histograms."""
-        return {**super().node_partitions(), **self.known.partition_ids}
 
     # --- assignment -------------------------------------------------------------------
 
@@ -274,9 +268,9 @@ class HierFL(ServerSideRound):
             sent += array_bytes(outgoing)
             messages += len(outgoing)
             replies = collect_replies(grid, outgoing, self.edge_round_timeout)
-            # a node that is gone answers a histogram query again before it trains again
-            self.known.forget([m.metadata.dst_node_id for m in outgoing
-                               if unreachable(replies.get(m.metadata.dst_node_id))])
+            self.known.forget_unanswered((m.metadata.dst_node_id,
+                                          replies.get(m.metadata.dst_node_id))
+                                         for m in outgoing)
             for edge in edge_models:
                 mine = [replies[u] for u in members_of[edge] if u in replies]
                 received += array_bytes(mine)

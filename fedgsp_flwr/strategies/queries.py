@@ -13,7 +13,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from ..checkpoint import NodeMap, StrategyState, from_pairs, pairs, stack_rows
+from ..checkpoint import Checkpointable, NodeMap, StrategyState, from_pairs, pairs, stack_rows
 
 MAX_HISTOGRAM_COUNT = 10**9
 # Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
@@ -291,6 +291,12 @@ class NodeHistograms:
         """Nodes with a histogram or a recorded reason for having none."""
         return set(self.histograms) | set(self.without)
 
+    def forget_unanswered(self, answers: Iterable[tuple[int, Message | None]]) -> None:
+        """Forget the nodes whose message got no answer (see :func:`unreachable`): a node
+        that is gone answers a histogram query again before it takes part again.
+        """
+        self.forget([node for node, reply in answers if unreachable(reply)])
+
     def forget(self, nodes: Sequence[int]) -> None:
         """Drop what is known of nodes that left (a node that comes back is asked anew)."""
         for node in nodes:
@@ -323,3 +329,27 @@ class NodeHistograms:
         self.edges = from_pairs(meta["edges"], nodes)
         self.cluster_ids = from_pairs(meta["cluster-ids"], nodes)
         self.unreachable = {nodes(n) for n in meta["unreachable"]}
+
+
+class KnownNodes(Checkpointable):
+    """Mixin of strategies that keep what they know of the nodes in ``self.known`` (a
+    :class:`NodeHistograms`): it goes into their checkpoint, and its partition ids
+    translate node ids on resume.
+    """
+
+    known: NodeHistograms
+
+    def checkpoint_state(self) -> StrategyState:
+        """What is known of the nodes, beside the strategy's other state."""
+        state = super().checkpoint_state()
+        state.merge("known", self.known.checkpoint_state())
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`."""
+        super().restore_state(state, node_map)
+        self.known.restore_state(state.part("known"), node_map)
+
+    def node_partitions(self) -> dict[int, int]:
+        """The partition ids the nodes reported with their histograms."""
+        return {**super().node_partitions(), **self.known.partition_ids}

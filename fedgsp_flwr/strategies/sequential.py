@@ -15,13 +15,13 @@ from flwr.serverapp import Grid
 
 from ..checkpoint import NodeMap, StrategyState, generator_state, set_generator_state
 from .fedavg import ServerSideRound, average_arrays
-from .queries import NodeHistograms
+from .queries import KnownNodes, NodeHistograms
 from .relay import HOP_LOST, HOP_TIMEOUT, ChainResult, run_relay
 
 RELAY_MESSAGE_TYPES = ("train.relay", "train")
 
 
-class RelayStrategy(ServerSideRound):
+class RelayStrategy(KnownNodes, ServerSideRound):
     """A FedAvg whose training rounds run as sequential chains of nodes.
 
     Flower's ``Strategy.start`` loop is kept: :meth:`configure_train` runs the round's
@@ -49,7 +49,7 @@ class RelayStrategy(ServerSideRound):
         FedAvg's parameters (sampling of evaluation nodes, keys, ...).
     """
 
-    known: NodeHistograms  # set by subclasses: what is known of the nodes
+    known: NodeHistograms  # set by subclasses: what is known of the nodes (KnownNodes)
 
     def __init__(
         self,
@@ -86,21 +86,15 @@ class RelayStrategy(ServerSideRound):
         """Return this round's chains (node ids in training order) and round metrics."""
 
     def checkpoint_state(self) -> StrategyState:
-        """The random generator and what is known of the nodes, beside the base's."""
+        """The random generator, beside what is known of the nodes."""
         state = super().checkpoint_state()
         state.meta["relay-rng"] = generator_state(self.rng)
-        state.merge("known", self.known.checkpoint_state())
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`."""
         super().restore_state(state, node_map)
         set_generator_state(self.rng, state.meta["relay-rng"])
-        self.known.restore_state(state.part("known"), node_map)
-
-    def node_partitions(self) -> dict[int, int]:
-        """The partition ids the nodes reported with their histograms."""
-        return {**super().node_partitions(), **self.known.partition_ids}
 
     def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
         """A method's own estimate of a round's traffic, reported beside the measured."""

@@ -21,9 +21,11 @@ from ..checkpoint import (
     from_pairs,
     generator_state,
     pairs,
+    prefixed,
     record_arrays,
     set_generator_state,
     to_record,
+    under,
 )
 from ..sketches import SKETCH_MODES
 from .clustering import (
@@ -193,13 +195,12 @@ class StoCFL(ServerSideRound):
             "models": sorted(self.models), "plain": pairs(self.plain),
             "partition-ids": pairs(self.partition_ids), "trained": sorted(self.trained),
             "held-out": sorted(self.held_out), "decided": sorted(self._decided),
-            "suspects": sorted(self.suspects), "has-anchor": self.anchor is not None,
+            "suspects": sorted(self.suspects),
         })
         for cluster, model in self.models.items():
-            state.arrays.update({f"model-{cluster}/{k}": v
-                                 for k, v in record_arrays(model).items()})
+            state.arrays.update(prefixed(record_arrays(model), f"model-{cluster}"))
         if self.anchor is not None:
-            state.arrays.update({f"anchor/{k}": v for k, v in record_arrays(self.anchor).items()})
+            state.arrays.update(prefixed(record_arrays(self.anchor), "anchor"))
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
@@ -210,13 +211,10 @@ class StoCFL(ServerSideRound):
         self.clustering = SketchClustering.from_state(part.meta, part.arrays, node_map)
         set_generator_state(self.rng, meta["stocfl-rng"])
         set_generator_state(self.eval_rng, meta["stocfl-eval-rng"])
-
-        def record(prefix: str) -> ArrayRecord:
-            return to_record({k[len(prefix):]: v for k, v in state.arrays.items()
-                              if k.startswith(prefix)})
-
-        self.models = {int(c): record(f"model-{c}/") for c in meta["models"]}
-        self.anchor = record("anchor/") if meta["has-anchor"] else None
+        self.models = {int(c): to_record(under(state.arrays, f"model-{c}"))
+                       for c in meta["models"]}
+        anchor = under(state.arrays, "anchor")
+        self.anchor = to_record(anchor) if anchor else None
         self.plain = from_pairs(meta["plain"], node_map)
         self.partition_ids = from_pairs(meta["partition-ids"], node_map)
         self.trained = {node_map(n) for n in meta["trained"]}
