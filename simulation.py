@@ -30,7 +30,7 @@ Experiment file::
 
     [strategies.fedprox]
     strategy = "fedprox"
-    proximal-mu = 0.01
+    fedprox-mu = 0.01
     num-supernodes = 20             # a strategy table may override num-supernodes
 
     [strategies.central]            # the centralized baseline, trained in this process
@@ -66,12 +66,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from fedgsp_flwr.centralized import CENTRALIZED, run_centralized
-from fedgsp_flwr.checkpoint import CheckpointError, load_checkpoint
-from fedgsp_flwr.config import ConfigError, RunConfig
-from fedgsp_flwr.divergence import layer_divergence
-from fedgsp_flwr.launcher import LocalSimulation
-from fedgsp_flwr.results import is_complete, read_metrics, rows_to_csv, write_atomic
+from fedgsp_flwr.app.checkpoint import CheckpointError, load_checkpoint
+from fedgsp_flwr.app.config import ConfigError, RunConfig
+from fedgsp_flwr.app.results import is_complete, read_metrics, rows_to_csv, write_atomic
+from fedgsp_flwr.tools.centralized import CENTRALIZED, run_centralized
+from fedgsp_flwr.tools.divergence import layer_divergence
+from fedgsp_flwr.tools.launcher import LocalSimulation
 
 APP_DIR = Path(__file__).resolve().parent
 
@@ -157,7 +157,7 @@ class Experiment:
             overrides = exp.run_config_of(label, seed, Path("/results"))
             if exp.is_centralized(label):  # not a Flower strategy: validate the rest
                 overrides["strategy"] = RunConfig.defaults()["strategy"]
-            RunConfig.from_mapping(overrides).check_names()
+            RunConfig.from_mapping(overrides)
         return exp
 
     def is_centralized(self, label: str) -> bool:

@@ -5,7 +5,7 @@
 Sketches are the real ones: the normalised full-batch gradient of the StoCFL MLP
 (784-2048-10, 1.6M parameters, randomly initialised with seed 0: the anchor) on each
 client's MNIST data, exactly as ``query.sketch`` computes them, raw (6.4 MB) and
-projected to 1,024 numbers (4 KB) with :func:`fedgsp_flwr.sketches.project`. Each round
+projected to 1,024 numbers (4 KB) with :func:`fedgsp_flwr.clients.sketches.project`. Each round
 samples 10% of the clients; a client's sketch is computed the first time it is sampled
 (outside the timed section) and the clustering core is timed on that round's new
 clients (:meth:`SketchClustering.add`: the products with the cluster sums and the
@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from fedgsp_flwr.config import RunConfig
-from fedgsp_flwr.data import load_client_data, load_partitions
+from fedgsp_flwr.app.config import RunConfig
+from fedgsp_flwr.app.datasets import load_client_data, load_partitions
+from fedgsp_flwr.clients.sketches import project
+from fedgsp_flwr.core.clustering import SketchClustering, adjusted_rand_index
 from fedgsp_flwr.models import build_model
-from fedgsp_flwr.sketches import project
-from fedgsp_flwr.strategies.clustering import SketchClustering, adjusted_rand_index
 from fedgsp_flwr.training import normalized_gradient
 
 DIM = 1024

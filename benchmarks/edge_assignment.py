@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from fedgsp_flwr.strategies.edge_assignment import (
+from fedgsp_flwr.core.edge_assignment import (
     AssignmentProblem,
     AssignmentResult,
     assign,

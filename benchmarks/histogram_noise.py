@@ -5,7 +5,7 @@
 
 Clients hold MNIST-sized pathological shards (``--classes-per-client`` classes of 300
 examples each, 10 classes) or a Dirichlet(0.5) mix of 600 examples. Each reports its
-histogram through :func:`fedgsp_flwr.privacy.laplace_histogram` at budget epsilon; ICG
+histogram through :func:`fedgsp_flwr.clients.privacy.laplace_histogram` at budget epsilon; ICG
 (balanced draw, the app's default) groups the noisy histograms; the groups are scored
 on the **true** histograms by the median CPD between groups (lower: groups more alike,
 the FedGSP goal). Random grouping and ICG on exact histograms are the two ends. Prints
@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedgsp_flwr.privacy import laplace_histogram  # noqa: E402
-from fedgsp_flwr.strategies.grouping import (  # noqa: E402
+from fedgsp_flwr.clients.privacy import laplace_histogram  # noqa: E402
+from fedgsp_flwr.core.grouping import (  # noqa: E402
     class_distributions,
     icg,
     pairwise_cpd,

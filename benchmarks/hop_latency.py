@@ -29,12 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedgsp_flwr.federation import CONNECTION, LocalFederation  # noqa: E402
-from fedgsp_flwr.launcher import FlwrCli, LocalSimulation, RunOutcome  # noqa: E402
-from fedgsp_flwr.results import read_metrics  # noqa: E402
+from fedgsp_flwr.app.results import read_metrics  # noqa: E402
+from fedgsp_flwr.tools.federation import CONNECTION, LocalFederation  # noqa: E402
+from fedgsp_flwr.tools.launcher import FlwrCli, LocalSimulation, RunOutcome  # noqa: E402
 
-BASE = {"strategy": "naivegsp", "num-groups": 1, "growth-beta": 1, "kappa": 1.0,
-        "dataset": "synthetic", "partition": "natural", "batch-size": 16,
+BASE = {"strategy": "naivegsp", "fedgsp-num-groups": 1, "fedgsp-growth-beta": 1,
+        "fedgsp-kappa": 1.0, "dataset": "synthetic", "partition": "natural", "batch-size": 16,
         "fraction-evaluate": 0.0}
 
 
@@ -54,7 +54,7 @@ def summarise(cli: FlwrCli, outcome: RunOutcome, folder: Path, nodes: int,
         "hops": hops,
         "hop-latency-mean": sum(r["hop-latency-mean"] * r["hops"] for r in rounds) / hops,
         "hop-latency-by-round": [r["hop-latency-mean"] for r in rounds],
-        "relay-time-by-round": [r["relay-time"] for r in rounds],
+        "relay-time-by-round": [r["train-time"] for r in rounds],
         "skipped-nodes": sum(r["skipped-nodes"] for r in rounds),
         "clientapp-seconds-per-message":
             listing["compute-time"]["clientapp-seconds"] / (hops + nodes),

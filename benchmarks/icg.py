@@ -20,13 +20,13 @@ import time
 
 import numpy as np
 
-from fedgsp_flwr.strategies.grouping import (
+from fedgsp_flwr.core.grouping import (
     class_distributions,
     icg,
     pairwise_cpd,
     random_groups,
-    squared_distances,
 )
+from fedgsp_flwr.core.kmeans import squared_distances
 
 NUM_CLASSES = 62
 

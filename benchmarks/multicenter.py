@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fedgsp_flwr.strategies.multicenter import Layout, e_step, m_step
+from fedgsp_flwr.core.multicenter import Layout, e_step, m_step
 
 
 def timed(step: Callable[[], Any], repeats: int = 3) -> tuple[float, int]:

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fedgsp_flwr.launcher import LocalSimulation
-from fedgsp_flwr.results import read_metrics
+from fedgsp_flwr.app.results import read_metrics
+from fedgsp_flwr.tools.launcher import LocalSimulation
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def main() -> None:
         "dataset": "synthetic", "partition": "natural", "model": "logistic",
         "num-server-rounds": args.rounds, "fraction-evaluate": 1.0,
         "min-available-nodes": args.nodes, "results-dir": str(work / "results"),
-        "strategy": "naivegsp", "num-groups": 1, "kappa": 1.0, "run-name": "relay",
+        "strategy": "naivegsp", "fedgsp-num-groups": 1, "fedgsp-kappa": 1.0, "run-name": "relay",
     }
     with LocalSimulation(APP_DIR, work / "flwr-home") as sim:
         outcome = sim.run(config, num_supernodes=args.nodes, log_path=work / "relay.log")
@@ -48,13 +48,13 @@ def main() -> None:
         raise SystemExit(f"run {outcome.status}; log: {outcome.log_path}")
     rows = (read_metrics(work / "results" / "relay") or {})["rounds"][2:]
     hop = statistics.mean(r["hop-latency-mean"] for r in rows)
-    fedavg_round = statistics.mean(r["eval-round-trip"] for r in rows)
+    fedavg_round = statistics.mean(r["eval-time"] for r in rows)
     print(json.dumps({
         "benchmark": "relay_overhead", "engine": "simulation", "nodes": args.nodes,
         "rounds_measured": len(rows),
         "fedavg_round_trip_seconds": fedavg_round,
         "relay_hop_seconds": hop,
-        "relay_round_seconds": statistics.mean(r["relay-time"] for r in rows),
+        "relay_round_seconds": statistics.mean(r["train-time"] for r in rows),
         "hops_per_relay_round": statistics.mean(r["hops"] for r in rows),
         "hop_over_fedavg_round_trip": hop / fedavg_round,
         "work_dir": str(work),

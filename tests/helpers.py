@@ -1,11 +1,19 @@
-"""Test helpers: small in-memory datasets and Flower message plumbing."""
+"""Test helpers: small in-memory datasets, Flower message plumbing, nodes running our
+handlers, and a strategy's rounds on a fake grid.
+"""
 
 from __future__ import annotations
 
-import numpy as np
-from flwr.app import ArrayRecord, Context, Message, RecordDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedgsp_flwr.clients import HANDLERS, ClientHooks, register_hooks
 from fedgsp_flwr.data import ClientData, DataBundle
+from fedgsp_flwr.models import build_model
 
 
 def image_bundle(n_train: int = 2000, n_test: int = 500, seed: int = 0) -> DataBundle:
@@ -49,3 +57,40 @@ def instruction(content: RecordDict, message_type: str, dst: int = 100) -> Messa
 
 def arrays_of(model: object) -> ArrayRecord:
     return ArrayRecord(model.state_dict())  # type: ignore[attr-defined]
+
+
+def logistic(features: int = 6, classes: int = 4) -> Callable[..., Any]:
+    """A model builder (``ClientHooks.build_model`` or no arguments): logistic
+    regression with a fixed seed.
+    """
+    return lambda *_: build_model("logistic", (features,), classes, seed=0)
+
+
+def node_app(
+    data: Callable[[int], ClientData],
+    node: int,
+    model: Callable[..., Any],
+    *,
+    partition: int | None = None,
+    handlers: Iterable[str] = HANDLERS,
+    node_config: Mapping[str, Any] | None = None,
+) -> Callable[[Message], Message]:
+    """A node (for :class:`fakegrid.FakeGrid`) running our handlers over
+    ``data(partition)``; its partition id is ``partition`` (default: ``node``) of 100.
+    """
+    partition = node if partition is None else partition
+    hooks = ClientHooks(load_data=lambda _c: data(partition), build_model=model)
+    app = register_hooks(ClientApp(), hooks, handlers=handlers)
+    context = make_context(partition, 100)
+    context.node_config.update(node_config or {})
+    return lambda message: app(message, context)
+
+
+def run_rounds(strategy: Any, grid: Any, initial: ArrayRecord, rounds: int,
+               **train_config: Any) -> Any:
+    """``strategy.start`` on ``grid`` for ``rounds`` rounds, 30 s timeout, the train
+    config given as keyword arguments (``lr=0.1`` ...).
+    """
+    return strategy.start(grid, initial, num_rounds=rounds, timeout=30,
+                          train_config=ConfigRecord(train_config),
+                          evaluate_config=ConfigRecord())

@@ -52,11 +52,10 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from ..config import RunConfig
 from ..data import ClientData
-from ..privacy import laplace_histogram
-from ..sketches import compute_sketch
 from ..training import TrainResult, evaluate, train
+from .privacy import laplace_histogram
+from .sketches import compute_sketch
 
 if TYPE_CHECKING:
     import torch
@@ -94,10 +93,10 @@ class TrainSettings:
         SGD learning rate and momentum; FedProx proximal weight.
     """
 
-    local_epochs: int = RunConfig.local_epochs
-    lr: float = RunConfig.lr
-    batch_size: int = RunConfig.batch_size
-    momentum: float = RunConfig.momentum
+    local_epochs: int = 1
+    lr: float = 0.05
+    batch_size: int = 32
+    momentum: float = 0.0
     proximal_mu: float = 0.0
     local_steps: int = 0
 
@@ -361,7 +360,8 @@ def histogram_epsilon(context: Context) -> float:
 
 def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
     """Return a handler for ``query.histogram``: the node's train label counts, with
-    Laplace noise if the node has a ``histogram-epsilon`` (see :mod:`fedgsp_flwr.privacy`).
+    Laplace noise if the node has a ``histogram-epsilon`` (see
+    :mod:`fedgsp_flwr.clients.privacy`).
     """
 
     def handle(message: Message, context: Context) -> Message:
@@ -425,7 +425,7 @@ def node_cluster_id(context: Context) -> int | None:
 def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
     """Return a handler for ``query.sketch``: StoCFL's sketch at the anchor model.
 
-    See :func:`fedgsp_flwr.sketches.compute_sketch` for the modes and the projection.
+    See :func:`fedgsp_flwr.clients.sketches.compute_sketch` for the modes and the projection.
     """
 
     def handle(message: Message, context: Context) -> Message:

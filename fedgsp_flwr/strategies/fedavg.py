@@ -1,19 +1,28 @@
-"""FedAvg and FedProx with per-reply validation and a per-round history."""
+"""FedAvg and FedProx with per-reply validation and a per-round history; the base of
+every strategy of this package.
+
+Shared behaviour lives in objects a strategy holds, not in mixins: the node registry
+(:class:`~fedgsp_flwr.strategies.nodes.NodeHistograms`, ``self.known``), the reply
+checks (:func:`~fedgsp_flwr.strategies.replies.filter_replies`) and the checkpoint
+state (:class:`~fedgsp_flwr.strategies.state.StrategyState`).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from logging import INFO
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
-from ..checkpoint import Checkpointable
+from .nodes import NodeHistograms
 from .replies import filter_replies
+from .state import NodeMap, StrategyState
 
 
 def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:
@@ -56,35 +65,61 @@ def array_bytes(messages: Iterable[Message]) -> int:
                for record in m.content.array_records.values())
 
 
-class ValidatedAggregation(Checkpointable):
-    """Mixin for Flower message-API strategies: validate each reply, keep a history.
+class FedAvg(FlowerFedAvg):
+    """Flower's FedAvg that validates each reply and keeps a per-round history.
 
-    Placed before a Flower strategy in the bases (``class S(ValidatedAggregation,
-    FedAvg)``), it drops unsound replies one by one (see
-    :func:`~fedgsp_flwr.strategies.replies.filter_replies`) before the strategy's own
-    aggregation runs, and records per round the aggregated client metrics, the number
-    of replies used, the rejected nodes, the model bytes sent and received in
-    training (``bytes-sent``, ``bytes-received``, as the relay strategies report them),
-    the models uploaded (``uploads``: replies with content)
-    and the seconds from sending a stage's messages to aggregating their replies
-    (``train-round-trip``, ``eval-round-trip``) in :attr:`history`.
+    Takes the parameters of :class:`flwr.serverapp.strategy.FedAvg`. Unsound replies
+    are dropped one by one (see :func:`~fedgsp_flwr.strategies.replies.filter_replies`)
+    before Flower's aggregation runs. :attr:`history` records per round the aggregated
+    client metrics, the replies used and rejected, the model bytes sent and received in
+    training (``bytes-sent``, ``bytes-received``), the models uploaded (``uploads``:
+    replies with content) and the seconds from sending a stage's messages to
+    aggregating their replies (``train-time``, ``eval-time``).
+
+    Attributes
+    ----------
+    history : dict[int, dict[str, Any]]
+        Per-round metrics, by round.
+    known : NodeHistograms | None
+        What the strategy knows of the nodes (strategies that ask for histograms); it
+        goes into the checkpoint and translates node ids on resume.
     """
 
-    weighted_by_key: str
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.history: dict[int, dict[str, Any]] = {}
+        self.known: NodeHistograms | None = None
         self._sent_arrays: ArrayRecord | None = None
         self._sent_at: dict[str, float] = {}
+
+    # --- checkpoint (see fedgsp_flwr.strategies.state.Checkpointable) ------------------
+
+    def checkpoint_state(self) -> StrategyState:
+        """The state to save after a round: what is known of the nodes."""
+        state = StrategyState()
+        if self.known is not None:
+            state.merge("known", self.known.checkpoint_state())
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`, node ids translated by ``node_map``."""
+        if self.known is not None:
+            self.known.restore_state(state.part("known"), node_map)
+
+    def node_partitions(self) -> dict[int, int]:
+        """The ``partition-id`` each known node reported (to translate node ids)."""
+        return dict(self.known.partition_ids) if self.known is not None else {}
+
+    def artifacts(self, final: bool) -> dict[str, bytes | str]:
+        """Files of the strategy's own state for the run's results folder (by name)."""
+        return {}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Remember the arrays sent, to check the replies' shapes against them."""
         self._sent_arrays = arrays
-        messages = list(super().configure_train(  # type: ignore[misc]
-            server_round, arrays, config, grid))
+        messages = list(super().configure_train(server_round, arrays, config, grid))
         self.history.setdefault(server_round, {})["bytes-sent"] = (
             len(messages) * arrays.count_bytes())
         self._start_clock("train", messages)
@@ -94,8 +129,7 @@ class ValidatedAggregation(Checkpointable):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Note when the evaluation messages leave, to time their round trip."""
-        messages = list(super().configure_evaluate(  # type: ignore[misc]
-            server_round, arrays, config, grid))
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
         self._start_clock("evaluate", messages)
         return messages
 
@@ -115,7 +149,7 @@ class ValidatedAggregation(Checkpointable):
         # Float sums depend on their order and replies arrive in any order: sort them
         # by content so that a seed gives the same model bit for bit.
         sound.sort(key=lambda m: next(iter(m.content.array_records.values())).object_id)
-        arrays, metrics = super().aggregate_train(server_round, sound)  # type: ignore[misc]
+        arrays, metrics = super().aggregate_train(server_round, sound)
         self._record(server_round, "train", metrics, len(sound), rejected)
         self.history[server_round]["bytes-received"] = array_bytes(replies)
         self.history[server_round]["uploads"] = sum(r.has_content() for r in replies)
@@ -135,7 +169,7 @@ class ValidatedAggregation(Checkpointable):
         )
         sound.sort(key=lambda m: sorted(
             next(iter(m.content.metric_records.values())).items()))
-        metrics = super().aggregate_evaluate(server_round, sound)  # type: ignore[misc]
+        metrics = super().aggregate_evaluate(server_round, sound)
         self._record(server_round, "evaluate", metrics, len(sound), rejected)
         return metrics
 
@@ -149,7 +183,7 @@ class ValidatedAggregation(Checkpointable):
 
     def _stop_clock(self, server_round: int, stage: str) -> None:
         if (sent_at := self._sent_at.pop(stage, None)) is not None:
-            key = "train-round-trip" if stage == "train" else "eval-round-trip"
+            key = "train-time" if stage == "train" else "eval-time"
             self.history.setdefault(server_round, {})[key] = time.monotonic() - sent_at
 
     def _record(
@@ -168,19 +202,37 @@ class ValidatedAggregation(Checkpointable):
         entry[f"{prefix or 'train-'}rejected"] = len(rejected)
 
 
-class FedAvg(ValidatedAggregation, FlowerFedAvg):
-    """Flower's FedAvg with per-reply validation (see :class:`ValidatedAggregation`).
+class FedProx(FedAvg):
+    """FedProx (Li et al., 2020): FedAvg whose clients add ``proximal_mu``/2
+    ||w - w_global||^2 to their loss.
 
-    Takes the parameters of :class:`flwr.serverapp.strategy.FedAvg`.
+    The weight goes to the clients as ``proximal-mu`` in every training config, as in
+    :class:`flwr.serverapp.strategy.FedProx`.
+
+    Parameters
+    ----------
+    proximal_mu : float (default: 0.0)
+        Weight of the proximal term (>= 0).
+    **kwargs : Any
+        FedAvg's parameters.
     """
 
+    def __init__(self, *, proximal_mu: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        check_parameters("FedProx", [(proximal_mu >= 0, "proximal_mu must be >= 0")])
+        self.proximal_mu = proximal_mu
 
-class FedProx(ValidatedAggregation, FlowerFedProx):
-    """Flower's FedProx with per-reply validation (see :class:`ValidatedAggregation`).
+    def summary(self) -> None:
+        """Log the proximal weight, then FedAvg's settings."""
+        log(INFO, "\t├──> FedProx: proximal-mu %g", self.proximal_mu)
+        super().summary()
 
-    Takes the parameters of :class:`flwr.serverapp.strategy.FedProx`; clients add
-    ``proximal-mu``/2 ||w - w_global||^2 to their loss.
-    """
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's messages, with ``proximal-mu`` in their config."""
+        config["proximal-mu"] = self.proximal_mu
+        return super().configure_train(server_round, arrays, config, grid)
 
 
 class ServerSideRound(FedAvg):

@@ -5,23 +5,18 @@ from __future__ import annotations
 from logging import INFO
 from typing import Any
 
-import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from .fedavg import check_parameters
-from .grouping import (
+from ..core.grouping import (
     GROWTH_FUNCTIONS,
     LEFTOVER_POLICIES,
-    class_distributions,
-    icg,
+    group_cpd,
     num_groups,
-    pairwise_cpd,
-    random_groups,
-    spread,
+    plan_groups,
 )
-from .queries import NodeHistograms
+from .fedavg import check_parameters
 from .sequential import RelayStrategy
 
 GROUPINGS = ("icg", "random")
@@ -29,6 +24,9 @@ GROUPINGS = ("icg", "random")
 
 class FedGSP(RelayStrategy):
     """FedGSP (Zeng et al., DASFAA 2022): STP training over ICG groups.
+
+    The method, the paper's equations it implements and every deliberate choice:
+    docs/algorithms.md#fedgsp.
 
     Every round r the connected nodes are regrouped into M = f(r) groups (ICG over
     their class histograms, or at random), max(1, round(kappa * M)) groups are sampled,
@@ -58,20 +56,19 @@ class FedGSP(RelayStrategy):
         ICG's maximum assignment/update iterations (tau).
     icg_leftover : str (default: "distribute")
         ``distribute`` or ``drop`` (the paper) for clients outside the equal-size
-        clusters (see :func:`~fedgsp_flwr.strategies.grouping.icg`).
+        clusters (see :func:`~fedgsp_flwr.core.grouping.icg`).
     icg_normalize : bool (default: False)
         Cluster label proportions instead of raw counts (the paper: counts).
     icg_balance : bool (default: True)
         Place each cluster's members over the groups so that the groups' class
         distributions are as close to the global one as possible
-        (:func:`~fedgsp_flwr.strategies.grouping.balance_groups`); ``False`` is the
+        (:func:`~fedgsp_flwr.core.grouping.balance_groups`); ``False`` is the
         paper's random draw. Every group still holds one client of every cluster.
-    histogram_timeout : float (default: 120.0)
-        Seconds to wait for ``query.histogram`` replies.
     cpd_sigma : float (default: 1.0)
         Kernel width of the CPD metric.
     **kwargs : Any
-        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy` and FedAvg parameters.
+        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy` parameters
+        (``train_timeout``, ``query_timeout``, ``relay_message_type``, ...) and FedAvg's.
     """
 
     def __init__(
@@ -87,7 +84,6 @@ class FedGSP(RelayStrategy):
         icg_leftover: str = "distribute",
         icg_normalize: bool = False,
         icg_balance: bool = True,
-        histogram_timeout: float = 120.0,
         cpd_sigma: float = 1.0,
         **kwargs: Any,
     ) -> None:
@@ -101,7 +97,6 @@ class FedGSP(RelayStrategy):
             (num_groups is None or num_groups >= 1, "num_groups must be >= 1 or None"),
             (icg_iterations >= 1, "icg_iterations must be >= 1"),
             (icg_leftover in LEFTOVER_POLICIES, f"icg_leftover must be in {LEFTOVER_POLICIES}"),
-            (histogram_timeout > 0, "histogram_timeout must be > 0"),
             (cpd_sigma > 0, "cpd_sigma must be > 0"),
         ]
         check_parameters("FedGSP", checks)
@@ -110,7 +105,6 @@ class FedGSP(RelayStrategy):
         self.icg_iterations, self.icg_leftover = icg_iterations, icg_leftover
         self.icg_normalize, self.icg_balance = icg_normalize, icg_balance
         self.cpd_sigma = cpd_sigma
-        self.known = NodeHistograms("FedGSP", histogram_timeout)
         self._connected = 0
 
     def summary(self) -> None:
@@ -125,46 +119,22 @@ class FedGSP(RelayStrategy):
         """The paper's traffic per round (Eq. 17 with R = 1): 2 kappa K |model| bytes."""
         return {"bytes-estimate": 2.0 * self.kappa * self._connected * model_bytes}
 
-    def cpd_metrics(self, groups: list[list[int]]) -> dict[str, float]:
-        """Median and mean CPD between the groups (over members with histograms)."""
-        scored = [[n for n in g if n in self.known.histograms] for g in groups]
-        scored = [g for g in scored if g]
-        if len(scored) < 2:
-            return {}
-        members = sorted({n for g in scored for n in g})
-        cpds = pairwise_cpd(class_distributions(
-            np.stack([self.known.histograms[n] for n in members]), scored, members), self.cpd_sigma)
-        return {"cpd-median": float(np.median(cpds)), "cpd-mean": float(np.mean(cpds))}
-
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
-        """Regroup the connected nodes, sample groups with kappa, shuffle their order."""
+        """Regroup the connected nodes, sample groups with kappa, shuffle their order
+        (:func:`~fedgsp_flwr.core.grouping.plan_groups`).
+        """
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         # Random grouping asks for histograms too: its CPD is reported.
         nodes = self.known.reachable(grid, connected)
         self._connected = len(nodes)
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
                                               self.beta, len(nodes)), len(nodes))
-        with_hist = [n for n in nodes if n in self.known.histograms]
-        if self.grouping == "icg" and with_hist:
-            result = icg(np.stack([self.known.histograms[n] for n in with_hist]),
-                         min(m, len(with_hist)), self.rng, client_ids=with_hist,
-                         max_iter=self.icg_iterations, normalize=self.icg_normalize,
-                         leftover=self.icg_leftover, balance=self.icg_balance)
-            groups = result.groups + [[] for _ in range(m - len(result.groups))]
-            rest = [n for n in nodes if n not in self.known.histograms]
-            for i, g in zip(self.rng.permutation(len(rest)), spread(self.rng, m, len(rest)),
-                            strict=True):
-                groups[g].append(rest[i])
-            groups = [g for g in groups if g]
-        else:
-            groups = random_groups(nodes, m, self.rng)
-        metrics: dict[str, Any] = {"num-groups": len(groups)}
-        metrics.update(self.cpd_metrics(groups))
-        sampled = self.rng.choice(len(groups), max(1, round(self.kappa * len(groups))),
-                                  replace=False)
-        chains = [[groups[i][j] for j in self.rng.permutation(len(groups[i]))]
-                  for i in sorted(sampled)]
+        plan = plan_groups(nodes, self.known.histograms, m, self.kappa, self.rng,
+                           grouping=self.grouping, max_iter=self.icg_iterations,
+                           normalize=self.icg_normalize, leftover=self.icg_leftover,
+                           balance=self.icg_balance)
+        metrics: dict[str, Any] = {"num-groups": len(plan.groups)}
+        metrics.update(group_cpd(plan.groups, self.known.histograms, self.cpd_sigma))
         log(INFO, "FedGSP round %d: %d nodes in %d groups, %d sampled", server_round,
-            len(nodes), len(groups), len(chains))
-        return chains, metrics
-
+            len(nodes), len(plan.groups), len(plan.chains))
+        return plan.chains, metrics

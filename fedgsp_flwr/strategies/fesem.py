@@ -15,7 +15,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from ..checkpoint import (
+from ..core.clustering import agreement_scores
+from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
+from ..core.sampling import sample_share
+from .fedavg import ServerSideRound, array_bytes, check_parameters
+from .nodes import NodeHistograms, collect_reply_list, node_label
+from .replies import reply_problem
+from .state import (
     NodeMap,
     StrategyState,
     from_pairs,
@@ -27,33 +33,22 @@ from ..checkpoint import (
     to_record,
     under,
 )
-from .clustering import agreement_scores
-from .fedavg import ServerSideRound, array_bytes, check_parameters
-from .multicenter import (
-    INITS,
-    Layout,
-    e_step,
-    kmeans_plus_plus,
-    m_step,
-    multicenter_loss,
-    squared_distances,
-)
-from .queries import KnownNodes, NodeHistograms, collect_reply_list, node_label
-from .replies import reply_problem
-from .stocfl import sample_share
 
 NEW_CLIENTS = ("probe", "initial")
 
 
-class FeSEM(KnownNodes, ServerSideRound):
+class FeSEM(ServerSideRound):
     """FeSEM (Xie et al., 2021): K centre models fitted by stochastic EM.
+
+    The method, the paper's equations it implements and every deliberate choice:
+    docs/algorithms.md#fesem.
 
     Each round samples ``fraction_train`` of the connected nodes. A node assigned to a
     centre receives that centre; all fine-tune locally and return their weights W_i.
     A node seen for the first time gets "the nearest centre after one local fit"
-    (ALGORITHMS.md): with ``new_clients="probe"`` it fine-tunes every centre once and
-    keeps the fit that moved least from its centre (the centre whose model its data
-    pulls least, K trainings on its first visit only); with ``"initial"`` it fits the
+    (docs/algorithms.md#fesem): with ``new_clients="probe"`` it fine-tunes every centre
+    once and keeps the fit that moved least from its centre (the centre whose model its
+    data pulls least, K trainings on its first visit only); with ``"initial"`` it fits the
     initial model and the E-step places that fit. In the first round of ``kmeans++``
     there are no centres yet and every node fits the initial model.
 
@@ -79,8 +74,8 @@ class FeSEM(KnownNodes, ServerSideRound):
     init : str (default: "kmeans++")
         ``kmeans++`` or ``seeds``.
     centre_factory : Callable[[int], ArrayRecord] | None (default: None)
-        Builds centre k's initial model; required by ``seeds`` (the app's ServerApp
-        sets one: the run's model with seed ``seed + k``).
+        Builds centre k's initial model; required by ``seeds`` (the app passes the
+        run's model with seed ``seed + k``).
     layers : Sequence[str] | None (default: None)
         Array names the distances use (``None``: all).
     new_clients : str (default: "probe")
@@ -89,7 +84,7 @@ class FeSEM(KnownNodes, ServerSideRound):
         centre that moved least from it, whatever the node's data.
     ground_truth : Mapping[int, int] | None (default: None)
         Latent group of each partition id, to report ARI and NMI each round.
-    histogram_timeout : float (default: 120.0)
+    query_timeout : float (default: 300.0)
         Seconds to wait for ``query.histogram`` replies (asked once per node for its
         partition id, which gives a run-independent node order and the ARI).
     train_timeout : float (default: 3600.0)
@@ -110,7 +105,7 @@ class FeSEM(KnownNodes, ServerSideRound):
         layers: Sequence[str] | None = None,
         new_clients: str = "probe",
         ground_truth: Mapping[int, int] | None = None,
-        histogram_timeout: float = 120.0,
+        query_timeout: float = 300.0,
         train_timeout: float = 3600.0,
         seed: int = 0,
         **kwargs: Any,
@@ -122,7 +117,9 @@ class FeSEM(KnownNodes, ServerSideRound):
             (layers is None or len(layers) > 0, "layers must be None or name arrays"),
             (new_clients in NEW_CLIENTS,
              f"new_clients must be one of {NEW_CLIENTS}, got {new_clients!r}"),
-            (histogram_timeout > 0 and train_timeout > 0, "timeouts must be > 0"),
+            (query_timeout > 0 and train_timeout > 0, "timeouts must be > 0"),
+            (init != "seeds" or centre_factory is not None,
+             "init='seeds' needs a centre_factory (centre k's initial model)"),
         ]
         check_parameters("FeSEM", checks)
         self.k, self.init, self.centre_factory = k, init, centre_factory
@@ -132,7 +129,7 @@ class FeSEM(KnownNodes, ServerSideRound):
         self.train_timeout = train_timeout
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.known = NodeHistograms("FeSEM", histogram_timeout)
+        self.known: NodeHistograms = NodeHistograms("FeSEM", query_timeout)
         self.layout: Layout | None = None
         self.start_model: ArrayRecord | None = None
         self.centres: np.ndarray | None = None
@@ -180,9 +177,7 @@ class FeSEM(KnownNodes, ServerSideRound):
         self.start_model = arrays
         self.layout = Layout.of(record_arrays(arrays))
         self.layout.columns(self.layers)  # fail fast on unknown layer names
-        if self.init == "seeds":
-            if self.centre_factory is None:
-                raise ValueError("FeSEM: init='seeds' needs a centre_factory")
+        if self.init == "seeds" and self.centre_factory is not None:
             self.centres = self.stack([self.centre_factory(c) for c in range(self.k)])
 
     def stack(self, records: Sequence[ArrayRecord]) -> np.ndarray:
@@ -200,14 +195,11 @@ class FeSEM(KnownNodes, ServerSideRound):
         fills the centres beyond the number of models).
         """
         assert self.layout is not None and self.start_model is not None
-        chosen = kmeans_plus_plus(x, min(self.k, len(x)), self.rng,
-                                  self.layout.columns(self.layers))
-        rows = [x[i] for i in chosen]
-        if len(rows) < self.k:
+        if len(x) < self.k:
             log(WARNING, "FeSEM: %d first-round models for %d centres; the initial model "
-                "fills the rest", len(rows), self.k)
-            rows += list(self.stack([self.start_model] * (self.k - len(rows))))
-        self.centres = np.stack(rows)
+                "fills the rest", len(x), self.k)
+        self.centres = kmeans_centres(x, self.k, self.rng, self.layout.columns(self.layers),
+                                      self.stack([self.start_model])[0])
 
     def sizes(self) -> list[int]:
         """Members of each centre (over every node assigned so far)."""
@@ -271,7 +263,7 @@ class FeSEM(KnownNodes, ServerSideRound):
         else:
             log(WARNING, "FeSEM round %d: no sound reply; the centres are kept", server_round)
         metrics.update(self.cluster_metrics())
-        metrics["round-seconds"] = time.monotonic() - started
+        metrics["train-time"] = time.monotonic() - started
         new_global = self.global_model() if self.centres is not None else None
         return self.finish_round(server_round, new_global, metrics, len(sound), rejected)
 
@@ -297,10 +289,7 @@ class FeSEM(KnownNodes, ServerSideRound):
         assert self.layout is not None and self.centres is not None
         x = self.stack([next(iter(r.content.array_records.values())) for _, r in fits])
         starts = self.centres[[cast(int, c) for c, _ in fits]]
-        columns = self.layout.columns(self.layers)
-        moved = [squared_distances(x[i:i + 1], starts[i:i + 1], columns)[0, 0]
-                 for i in range(len(fits))]
-        return fits[int(np.argmin(moved))][1]
+        return fits[least_moved(x, starts, self.layout.columns(self.layers))][1]
 
     def em_round(self, server_round: int, sound: Sequence[tuple[int, Message]]
                  ) -> dict[str, Any]:
@@ -314,22 +303,21 @@ class FeSEM(KnownNodes, ServerSideRound):
         if self.centres is None:
             self.init_kmeans(x)
         assert self.centres is not None
-        assignment, _ = e_step(x, self.centres, columns)
+        step = em_step(x, weights, self.centres, columns)
         previous = [self.assignment.get(n) for n in nodes]
-        self.centres, empty = m_step(x, assignment, weights, self.centres)
-        for centre in empty:
+        self.centres = step.centres
+        for centre in step.empty:
             log(INFO, "FeSEM round %d: centre %d received no model; it keeps its weights",
                 server_round, centre)
-        self.assignment.update(zip(nodes, assignment.tolist(), strict=True))
-        distances = squared_distances(x, self.centres, columns)
+        assignment = step.assignment.tolist()
+        self.assignment.update(zip(nodes, assignment, strict=True))
         losses = [float(cast(float, m.get("train-loss", 0.0))) for m in contents]
         metrics: dict[str, Any] = {
-            "multicenter-loss": multicenter_loss(distances, assignment),
+            "multicenter-loss": step.loss,
             "assignment-changes": sum(p is not None and p != a
-                                      for p, a in zip(previous, assignment.tolist(),
-                                                      strict=True)),
+                                      for p, a in zip(previous, assignment, strict=True)),
             "new-clients": sum(p is None for p in previous),
-            "empty-centres": len(empty),
+            "empty-centres": len(step.empty),
             "train-loss": float(np.average(losses, weights=weights)),
         }
         log(INFO, "FeSEM round %d: %d models, %d changed centre, %d new, loss %.4g",

@@ -13,7 +13,20 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from ..checkpoint import (
+from ..core.edge_assignment import (
+    POLICIES,
+    AssignmentProblem,
+    Topology,
+    assign,
+    edge_class_coverage,
+    objective,
+    paper_topology,
+    warm_start,
+)
+from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
+from .nodes import NodeHistograms, collect_replies
+from .replies import filter_replies
+from .state import (
     NodeMap,
     StrategyState,
     from_pairs,
@@ -21,25 +34,17 @@ from ..checkpoint import (
     pairs,
     set_generator_state,
 )
-from .edge_assignment import (
-    POLICIES,
-    AssignmentProblem,
-    Topology,
-    assign,
-    objective,
-    paper_topology,
-)
-from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
-from .queries import KnownNodes, NodeHistograms, collect_replies
-from .replies import filter_replies
 
 
-class HierFL(KnownNodes, ServerSideRound):
+class HierFL(ServerSideRound):
     """Hierarchical FL (Mhaisen et al.): users train with their edge, edges with the cloud.
+
+    The method, the paper's equations it implements and every deliberate choice:
+    docs/algorithms.md#hierfl.
 
     Histograms are asked once per node (``query.histogram``). The users (nodes, ordered
     by reported partition id) are assigned to edges with the configured policy (see
-    :func:`~fedgsp_flwr.strategies.edge_assignment.assign`), again, warm-started from the
+    :func:`~fedgsp_flwr.core.edge_assignment.assign`), again, warm-started from the
     previous assignment, whenever the set of connected nodes changes. Each cloud round
     (one server round) runs ``tau2`` edge rounds: every user of an edge (a
     ``fraction_train`` sample) takes ``tau1`` local SGD steps from its edge's model and
@@ -50,12 +55,12 @@ class HierFL(KnownNodes, ServerSideRound):
     Parameters
     ----------
     policy : str (default: "greedy")
-        Assignment policy, one of :data:`~fedgsp_flwr.strategies.edge_assignment.POLICIES`.
+        Assignment policy, one of :data:`~fedgsp_flwr.core.edge_assignment.POLICIES`.
     num_edges : int (default: 10)
         E, for a generated topology.
     reach_per_user : int (default: 2)
         r, for a generated topology (the paper's setting, see
-        :func:`~fedgsp_flwr.strategies.edge_assignment.paper_topology`). A node whose
+        :func:`~fedgsp_flwr.core.edge_assignment.paper_topology`). A node whose
         node config states its edges (``edges="0,3"``, reported with its histogram)
         reaches those instead.
     topology : Topology | None (default: None)
@@ -67,9 +72,9 @@ class HierFL(KnownNodes, ServerSideRound):
         Edge rounds per cloud round.
     time_limit : float (default: 10.0)
         CP-SAT's time limit for the ``optimal`` and ``equal-size`` policies.
-    histogram_timeout : float (default: 120.0)
+    query_timeout : float (default: 300.0)
         Seconds to wait for ``query.histogram`` replies.
-    edge_round_timeout : float (default: 600.0)
+    train_timeout : float (default: 3600.0)
         Seconds to wait for the users' replies in one edge round.
     seed : int (default: 0)
         Seed of the generated topology, the random policy and user sampling.
@@ -87,8 +92,8 @@ class HierFL(KnownNodes, ServerSideRound):
         tau1: int = 1,
         tau2: int = 2,
         time_limit: float = 10.0,
-        histogram_timeout: float = 120.0,
-        edge_round_timeout: float = 600.0,
+        query_timeout: float = 300.0,
+        train_timeout: float = 3600.0,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -98,7 +103,7 @@ class HierFL(KnownNodes, ServerSideRound):
             (num_edges >= 1, "num_edges must be >= 1"),
             (1 <= reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
             (tau1 >= 1 and tau2 >= 1, "tau1 and tau2 must be >= 1"),
-            (time_limit > 0 and histogram_timeout > 0 and edge_round_timeout > 0,
+            (time_limit > 0 and query_timeout > 0 and train_timeout > 0,
              "timeouts must be > 0"),
             (policy != "original" or topology is None or topology.original is not None,
              "policy 'original' needs a topology with an original assignment"),
@@ -107,9 +112,9 @@ class HierFL(KnownNodes, ServerSideRound):
         self.policy, self.num_edges, self.reach_per_user = policy, num_edges, reach_per_user
         self.topology = topology
         self.tau1, self.tau2 = tau1, tau2
-        self.time_limit, self.edge_round_timeout = time_limit, edge_round_timeout
+        self.time_limit, self.train_timeout = time_limit, train_timeout
         self.rng = np.random.default_rng(seed)
-        self.known = NodeHistograms("HierFL", histogram_timeout)
+        self.known: NodeHistograms = NodeHistograms("HierFL", query_timeout)
         self.users: list[int] = []  # node ids, user index order
         self.edge_of: dict[int, int] = {}
         self._generated: dict[int, tuple[np.ndarray, int]] = {}  # node -> (reach, original)
@@ -197,14 +202,7 @@ class HierFL(KnownNodes, ServerSideRound):
         problem, original = self.problem_for(users)
         hint = None
         if self.edge_of and self.policy in ("optimal", "equal-size"):
-            previous = assign(problem, "greedy", self.rng).assignment
-            for i, u in enumerate(users):
-                if u in self.edge_of and problem.reach[self.edge_of[u], i]:
-                    previous[i] = self.edge_of[u]
-            try:
-                hint = problem.check(previous)
-            except ValueError:
-                hint = None
+            hint = warm_start(problem, [self.edge_of.get(u) for u in users], self.rng)
         result = assign(problem, self.policy, self.rng, original=original, hint=hint,
                         time_limit=self.time_limit)
         moved = sum(1 for i, u in enumerate(users)
@@ -213,11 +211,7 @@ class HierFL(KnownNodes, ServerSideRound):
         left = len(set(self.edge_of) - set(users))
         self.users = list(users)
         self.edge_of = {u: int(e) for u, e in zip(users, result.assignment, strict=True)}
-        with_data = problem.counts.sum(axis=1) > 0
-        present = problem.counts[with_data] > 0
-        coverage = [present[result.assignment[with_data] == e].any(axis=0).mean()
-                    for e in range(problem.num_edges)
-                    if (result.assignment[with_data] == e).any()]
+        coverage = edge_class_coverage(problem.counts, result.assignment, problem.num_edges)
         self._assignment_metrics = {
             "assignment-objective": result.objective,
             "assignment-seconds": result.seconds,
@@ -267,7 +261,7 @@ class HierFL(KnownNodes, ServerSideRound):
                                             message_type="train"))
             sent += array_bytes(outgoing)
             messages += len(outgoing)
-            replies = collect_replies(grid, outgoing, self.edge_round_timeout)
+            replies = collect_replies(grid, outgoing, self.train_timeout)
             self.known.forget_unanswered((m.metadata.dst_node_id,
                                           replies.get(m.metadata.dst_node_id))
                                          for m in outgoing)
@@ -297,6 +291,6 @@ class HierFL(KnownNodes, ServerSideRound):
         metrics: dict[str, Any] = dict(self._assignment_metrics)
         metrics.update({"edges-trained": len(trained), "edge-rounds": self.tau2,
                         "user-edge-messages": messages, "bytes-sent": sent,
-                        "bytes-received": received, "cloud-round-time":
+                        "bytes-received": received, "train-time":
                         time.monotonic() - started})
         return self.finish_round(server_round, cloud, metrics, used, rejected)

@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .queries import unreachable
+from .nodes import unreachable
 from .replies import reply_problem
 
 HOP_OK = "ok"
@@ -126,7 +126,7 @@ def run_relay(
     arrays: ArrayRecord,
     config: ConfigRecord,
     *,
-    hop_timeout: float,
+    train_timeout: float,
     message_type: str = "train.relay",
     weighted_by_key: str = "num-examples",
     poll_interval: float = 0.02,
@@ -144,7 +144,7 @@ def run_relay(
     config : ConfigRecord
         Training config sent with every hop; each hop adds ``relay-group`` and
         ``relay-hop``.
-    hop_timeout : float
+    train_timeout : float
         Seconds a node may take for one hop before it is skipped.
     message_type : str
         ``train.relay`` (our handler) or ``train`` (any ClientApp's train handler).
@@ -203,11 +203,11 @@ def run_relay(
                 continue  # a late reply to a hop that already timed out
             finish_hop(answered, _hop_from_reply(answered, reply, now, weighted_by_key))
         for message_id, chain in list(waiting.items()):
-            if now - chain.sent_at > hop_timeout:
+            if now - chain.sent_at > train_timeout:
                 del waiting[message_id]
                 node = chain.result.nodes[chain.next_position]
                 finish_hop(chain, Hop(node, chain.next_position, HOP_TIMEOUT,
-                                      f"no reply within {hop_timeout:g}s",
+                                      f"no reply within {train_timeout:g}s",
                                       now - chain.sent_at, chain.bytes_sent))
         if not replies and waiting:
             time.sleep(poll_interval)

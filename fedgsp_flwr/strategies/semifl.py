@@ -15,11 +15,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from ..checkpoint import NodeMap, StrategyState
-from .cluster_rules import CLUSTER_RULES, label_coverage, static_clusters
+from ..core.cluster_rules import (
+    CLUSTER_RULES,
+    cluster_with_room,
+    label_coverage,
+    static_clusters,
+)
 from .fedavg import check_parameters
-from .queries import NodeHistograms
 from .sequential import RelayStrategy
+from .state import NodeMap, StrategyState
 
 CLUSTER_SOURCES = (*CLUSTER_RULES, "node-config", "file")
 
@@ -57,6 +61,9 @@ def load_cluster_assignment(path: str | Path) -> dict[int, int]:
 class SemiFL(RelayStrategy):
     """Semi-FL (Chen et al., 2021): static clusters trained sequentially.
 
+    The method, the paper's equations it implements and every deliberate choice:
+    docs/algorithms.md#semi-fl.
+
     The connected nodes are split once into static clusters. Every round every cluster
     trains as one relay chain (the first node starts from the global model and trains
     ``local_epochs`` epochs, hands its model to the next, ...; all clusters run in
@@ -67,7 +74,7 @@ class SemiFL(RelayStrategy):
 
     - a rule over the class histograms (``query.histogram``, asked once per node):
       ``label-diverse`` (c3/c4), ``label-homogeneous`` (c1; c2 with ``offset`` half a
-      cluster) or ``random``; see :mod:`~fedgsp_flwr.strategies.cluster_rules`;
+      cluster) or ``random``; see :mod:`~fedgsp_flwr.core.cluster_rules`;
     - ``node-config``: each node's ``cluster-id`` node config (reported with its
       histogram);
     - ``file``: ``assignment``, partition id -> cluster id (nodes report their
@@ -91,14 +98,12 @@ class SemiFL(RelayStrategy):
     shuffle_order : bool (default: False)
         Shuffle each cluster's training order every round; ``False`` keeps one fixed
         order (by partition id).
-    histogram_timeout : float (default: 120.0)
-        Seconds to wait for ``query.histogram`` replies.
     weighted_average : bool (default: False)
         Weight the cluster models by their examples; ``False`` is the paper's uniform
         mean.
     **kwargs : Any
         :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy` and FedAvg
-        parameters (``local_epochs``, ``hop_timeout``, ``relay_message_type``, ...).
+        parameters (``train_timeout``, ``query_timeout``, ``relay_message_type``, ...).
     """
 
     def __init__(
@@ -109,7 +114,6 @@ class SemiFL(RelayStrategy):
         offset: int = 0,
         assignment: Mapping[int, int] | None = None,
         shuffle_order: bool = False,
-        histogram_timeout: float = 120.0,
         weighted_average: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -124,13 +128,11 @@ class SemiFL(RelayStrategy):
              "clusters='file' needs an assignment, and only it takes one"),
             (assignment is None or all(c >= 0 for c in assignment.values()),
              "assignment cluster ids must be >= 0"),
-            (histogram_timeout > 0, "histogram_timeout must be > 0"),
         ]
         check_parameters("SemiFL", checks)
         self.source, self.cluster_size, self.offset = clusters, cluster_size, offset
         self.assignment = dict(assignment or {})
         self.shuffle_order = shuffle_order
-        self.known = NodeHistograms("SemiFL", histogram_timeout)
         self.clusters: dict[int, list[int]] = {}
 
     def summary(self) -> None:
@@ -182,20 +184,11 @@ class SemiFL(RelayStrategy):
                     self.clusters.setdefault(cluster, []).append(node)
                     rest.remove(node)
         for node in rest:
-            cluster = self.cluster_with_room()
+            cluster = cluster_with_room(self.clusters, self.cluster_size)
             self.clusters.setdefault(cluster, []).append(node)
             log(WARNING, "SemiFL: node %d has no %s; it joins cluster %d", node,
                 "stated cluster" if self.source in ("node-config", "file") else
                 "histogram or arrived late", cluster)
-
-    def cluster_with_room(self) -> int:
-        """The smallest cluster with fewer than ``cluster_size`` nodes (the lowest id on a
-        tie), or a new cluster's id when every cluster is full.
-        """
-        open_clusters = [c for c, m in self.clusters.items() if len(m) < self.cluster_size]
-        if open_clusters:
-            return min(open_clusters, key=lambda c: (len(self.clusters[c]), c))
-        return max(self.clusters, default=-1) + 1
 
     def cluster_metrics(self) -> dict[str, Any]:
         """Cluster sizes and the classes each covers (over nodes with histograms)."""

@@ -13,15 +13,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from ..checkpoint import NodeMap, StrategyState, generator_state, set_generator_state
-from .fedavg import ServerSideRound, average_arrays
-from .queries import KnownNodes, NodeHistograms
+from .fedavg import ServerSideRound, average_arrays, check_parameters
+from .nodes import NodeHistograms
 from .relay import HOP_LOST, HOP_TIMEOUT, ChainResult, run_relay
+from .state import NodeMap, StrategyState, generator_state, set_generator_state
 
 RELAY_MESSAGE_TYPES = ("train.relay", "train")
 
 
-class RelayStrategy(KnownNodes, ServerSideRound):
+class RelayStrategy(ServerSideRound):
     """A FedAvg whose training rounds run as sequential chains of nodes.
 
     Flower's ``Strategy.start`` loop is kept: :meth:`configure_train` runs the round's
@@ -30,17 +30,21 @@ class RelayStrategy(KnownNodes, ServerSideRound):
     :meth:`aggregate_train` then returns the average of the chains' models. Evaluation
     is FedAvg's.
 
+    Every hop carries the round's training config (``local-epochs``, ``lr``, ... as
+    given to ``start``) plus ``server-round``. The nodes' class histograms are asked
+    once per node (``query.histogram``) and kept in :attr:`known`.
+
     Parameters
     ----------
-    hop_timeout : float (default: 600.0)
+    train_timeout : float (default: 3600.0)
         Seconds a node may take for one hop before it is skipped.
+    query_timeout : float (default: 300.0)
+        Seconds to wait for ``query.histogram`` replies.
     relay_message_type : str (default: "train.relay")
         ``train.relay`` (our handler) or ``train`` (any ClientApp's train handler).
     weighted_average : bool (default: True)
         Average the chains' models weighted by the examples trained along each chain;
         ``False`` takes the uniform mean.
-    local_epochs : int (default: 1)
-        Local epochs per hop, sent as ``local-epochs`` in every hop's config.
     poll_interval : float (default: 0.02)
         Seconds between polls for hop replies while none arrived.
     seed : int (default: 0)
@@ -49,37 +53,31 @@ class RelayStrategy(KnownNodes, ServerSideRound):
         FedAvg's parameters (sampling of evaluation nodes, keys, ...).
     """
 
-    known: NodeHistograms  # set by subclasses: what is known of the nodes (KnownNodes)
-
     def __init__(
         self,
         *,
-        hop_timeout: float = 600.0,
+        train_timeout: float = 3600.0,
+        query_timeout: float = 300.0,
         relay_message_type: str = "train.relay",
         weighted_average: bool = True,
-        local_epochs: int = 1,
         poll_interval: float = 0.02,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if hop_timeout <= 0:
-            raise ValueError(f"hop_timeout must be > 0, got {hop_timeout}")
-        if relay_message_type not in RELAY_MESSAGE_TYPES:
-            raise ValueError(
-                f"relay_message_type must be one of {RELAY_MESSAGE_TYPES}, "
-                f"got {relay_message_type!r}"
-            )
-        if local_epochs < 1:
-            raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
-        self.hop_timeout = hop_timeout
+        check_parameters(type(self).__name__, [
+            (train_timeout > 0 and query_timeout > 0, "timeouts must be > 0"),
+            (relay_message_type in RELAY_MESSAGE_TYPES,
+             f"relay_message_type must be one of {RELAY_MESSAGE_TYPES}, "
+             f"got {relay_message_type!r}"),
+            (poll_interval > 0, f"poll_interval must be > 0, got {poll_interval}"),
+        ])
+        self.train_timeout = train_timeout
         self.relay_message_type = relay_message_type
         self.weighted_average = weighted_average
-        self.local_epochs = local_epochs
         self.poll_interval = poll_interval
         self.rng = np.random.default_rng(seed)
+        self.known: NodeHistograms = NodeHistograms(type(self).__name__, query_timeout)
 
     @abstractmethod
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
@@ -102,9 +100,9 @@ class RelayStrategy(KnownNodes, ServerSideRound):
 
     def summary(self) -> None:
         """Log the relay settings, then FedAvg's."""
-        log(INFO, "\t├──> Relay: message '%s', hop timeout %gs, %s average, %d local epochs",
-            self.relay_message_type, self.hop_timeout,
-            "example-weighted" if self.weighted_average else "uniform", self.local_epochs)
+        log(INFO, "\t├──> Relay: message '%s', hop timeout %gs, %s average",
+            self.relay_message_type, self.train_timeout,
+            "example-weighted" if self.weighted_average else "uniform")
         super().summary()
 
     def configure_train(
@@ -114,9 +112,8 @@ class RelayStrategy(KnownNodes, ServerSideRound):
         chains, metrics = self.make_chains(server_round, grid)
         hop_config = ConfigRecord(dict(config))
         hop_config["server-round"] = server_round
-        hop_config["local-epochs"] = self.local_epochs
         started = time.monotonic()
-        results = run_relay(grid, chains, arrays, hop_config, hop_timeout=self.hop_timeout,
+        results = run_relay(grid, chains, arrays, hop_config, train_timeout=self.train_timeout,
                             message_type=self.relay_message_type,
                             weighted_by_key=self.weighted_by_key,
                             poll_interval=self.poll_interval)
@@ -156,7 +153,7 @@ def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, A
         "skipped-nodes": sum(len(r.skipped) for r in results),
         "bytes-sent": sum(h.bytes_sent for h in hops),
         "bytes-received": sum(h.bytes_received for h in hops),
-        "relay-time": seconds,
+        "train-time": seconds,
         "hop-latency-mean": float(np.mean([h.latency for h in hops])) if hops else 0.0,
     }
     if losses:  # mean_metric is None for chains without examples

@@ -15,7 +15,24 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from ..checkpoint import (
+from ..core.clustering import (
+    MERGE_MODELS,
+    SKETCH_MODES,
+    Merge,
+    SketchClustering,
+    agreement_scores,
+)
+from ..core.sampling import partition_order, sample_share
+from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
+from .nodes import (
+    collect_reply_list,
+    node_label,
+    reported_partition,
+    unreachable,
+    vector_problem,
+)
+from .replies import arrays_problem, reply_problem
+from .state import (
     NodeMap,
     StrategyState,
     from_pairs,
@@ -27,46 +44,22 @@ from ..checkpoint import (
     to_record,
     under,
 )
-from ..sketches import SKETCH_MODES
-from .clustering import (
-    Merge,
-    SketchClustering,
-    agreement_scores,
-)
-from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
-from .queries import (
-    collect_reply_list,
-    node_label,
-    partition_order,
-    reported_partition,
-    unreachable,
-    vector_problem,
-)
-from .replies import arrays_problem, reply_problem
 
-MERGE_MODELS = ("larger", "weighted")
 GLOBAL, CLUSTER = "global", "cluster"
-
-
-def sample_share(nodes: Sequence[int], fraction: float, minimum: int,
-                 rng: np.random.Generator) -> list[int]:
-    """A ``fraction`` of ``nodes`` (at least ``minimum``, at most all), in their order.
-
-    Node ids may exceed int64: positions are sampled, never the ids.
-    """
-    count = min(len(nodes), max(int(len(nodes) * fraction), minimum))
-    return [nodes[i] for i in sorted(rng.choice(len(nodes), count, replace=False).tolist())]
 
 
 class StoCFL(ServerSideRound):
     """StoCFL (Zeng et al.): clusters by sketches, bi-level global and cluster models.
+
+    The method, the paper's equations it implements and every deliberate choice:
+    docs/algorithms.md#stocfl.
 
     Each round samples ``fraction_train`` of the connected nodes (less the held-out
     ones). A sampled node seen for the first time is asked for its sketch
     (``query.sketch``, at the anchor: the initial global model) and joins the
     clustering as a singleton cluster (model: the initial model, as every cluster at
     the start); clusters then merge greedily while their cosine similarity exceeds
-    ``tau`` (:class:`~fedgsp_flwr.strategies.clustering.SketchClustering`). Every
+    ``tau`` (:class:`~fedgsp_flwr.core.clustering.SketchClustering`). Every
     sampled node gets the global model w and its cluster's model theta_k
     (``train.bilevel``) and returns both trained; w becomes the example-weighted mean
     over all sampled nodes, theta_k over cluster k's sampled members.
@@ -98,15 +91,14 @@ class StoCFL(ServerSideRound):
     merge_model : str (default: "larger")
         Model of a merged cluster: the ``larger`` cluster's, or the size-``weighted``
         average of both.
-    local_epochs, lr : int | None, float | None (default: None)
-        Override the train config's ``local-epochs`` and ``lr`` when given.
     holdout_fraction : float (default: 0.0)
         Fraction of the nodes (drawn with the seed when first connected) never sampled
         for training; evaluation places them by inference (the paper's Table 4).
     ground_truth : Mapping[int, int] | None (default: None)
         Latent group of each partition id, to report ARI and NMI each round.
     query_timeout : float (default: 300.0)
-        Seconds to wait for sketch replies.
+        Seconds to wait for sketch replies (``query.sketch``, which carries the round's
+        training config beside the sketch settings).
     train_timeout : float (default: 3600.0)
         Seconds to wait for the training (and evaluation) replies of a round.
     seed : int (default: 0)
@@ -126,8 +118,6 @@ class StoCFL(ServerSideRound):
         sketch_epochs: int = 1,
         sketch_seed: int = 0,
         merge_model: str = "larger",
-        local_epochs: int | None = None,
-        lr: float | None = None,
         holdout_fraction: float = 0.0,
         ground_truth: Mapping[int, int] | None = None,
         query_timeout: float = 300.0,
@@ -144,8 +134,6 @@ class StoCFL(ServerSideRound):
              "sketch_dim and sketch_seed must be >= 0, sketch_epochs >= 1"),
             (merge_model in MERGE_MODELS,
              f"merge_model must be one of {MERGE_MODELS}, got {merge_model!r}"),
-            (local_epochs is None or local_epochs >= 1, "local_epochs must be >= 1"),
-            (lr is None or lr > 0, "lr must be > 0"),
             (0.0 <= holdout_fraction < 1.0, "holdout_fraction must be in [0, 1)"),
             (query_timeout > 0 and train_timeout > 0, "timeouts must be > 0"),
         ]
@@ -155,7 +143,7 @@ class StoCFL(ServerSideRound):
             "sketch-mode": sketch, "sketch-dim": sketch_dim,
             "sketch-epochs": sketch_epochs, "sketch-seed": sketch_seed})
         self.merge_model = merge_model
-        self.local_epochs, self.lr = local_epochs, lr
+        self._train_config = ConfigRecord()  # the last round's, for sketch queries
         self.holdout_fraction = holdout_fraction
         self.ground_truth = dict(ground_truth or {})
         self.query_timeout, self.train_timeout = query_timeout, train_timeout
@@ -229,8 +217,17 @@ class StoCFL(ServerSideRound):
     # --- clustering -------------------------------------------------------------------
 
     def order(self, nodes: Iterable[int]) -> list[int]:
-        """The nodes in :func:`~fedgsp_flwr.strategies.queries.partition_order`."""
+        """The nodes in :func:`~fedgsp_flwr.core.sampling.partition_order`."""
         return partition_order(nodes, self.partition_ids)
+
+    def sketch_queries(self, nodes: Sequence[int]) -> list[Message]:
+        """``query.sketch`` messages at the anchor: the sketch settings and the last
+        round's training config (the ``update`` sketch trains with it).
+        """
+        assert self.anchor is not None
+        config = ConfigRecord({**dict(self._train_config), **dict(self.sketch_config)})
+        return [Message(RecordDict({"arrays": self.anchor, "config": config}),
+                        dst_node_id=n, message_type="query.sketch") for n in nodes]
 
     def ask_sketches(self, grid: Grid, nodes: Sequence[int]) -> dict[int, np.ndarray]:
         """Ask the nodes neither clustered nor plain yet for their sketches at the anchor;
@@ -239,9 +236,7 @@ class StoCFL(ServerSideRound):
         nodes = [n for n in nodes if n not in self.clustering.cluster_of and n not in self.plain]
         if not nodes:
             return {}
-        assert self.anchor is not None
-        messages = [Message(RecordDict({"arrays": self.anchor, "config": self.sketch_config}),
-                            dst_node_id=n, message_type="query.sketch") for n in nodes]
+        messages = self.sketch_queries(nodes)
         size = self.clustering.dim
         sketches: dict[int, np.ndarray] = {}
         for node, reply in zip(nodes, collect_reply_list(grid, messages, self.query_timeout),
@@ -273,11 +268,7 @@ class StoCFL(ServerSideRound):
         self.suspects &= set(connected)
         probe = self.order(self.suspects)
         if probe:
-            assert self.anchor is not None
-            messages = [Message(RecordDict({"arrays": self.anchor,
-                                            "config": self.sketch_config}),
-                                dst_node_id=n, message_type="query.sketch") for n in probe]
-            replies = collect_reply_list(grid, messages, self.query_timeout)
+            replies = collect_reply_list(grid, self.sketch_queries(probe), self.query_timeout)
             self.suspects = {n for n, r in zip(probe, replies, strict=True) if unreachable(r)}
             log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
                 len(probe) - len(self.suspects), len(probe), sorted(self.suspects) or "none")
@@ -298,9 +289,9 @@ class StoCFL(ServerSideRound):
             self.models[cluster] = self.anchor  # every cluster starts as the initial model
         for merge in merges:
             absorbed = self.models.pop(merge.absorbed)
-            if self.merge_model == "weighted":
-                self.models[merge.kept] = average_arrays(
-                    [self.models[merge.kept], absorbed], [merge.kept_size, merge.absorbed_size])
+            if (weights := merge.model_weights(self.merge_model)) is not None:
+                self.models[merge.kept] = average_arrays([self.models[merge.kept], absorbed],
+                                                         weights)
         return merges
 
     def place_new(self, grid: Grid, nodes: Sequence[int]) -> int:
@@ -346,16 +337,13 @@ class StoCFL(ServerSideRound):
         started = time.monotonic()
         if self.anchor is None:
             self.anchor = arrays
+        self._train_config = config
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         sampled = self.sample_train(self.reachable(grid, connected))
         merges = self.cluster_new(grid, sampled)
         train_config = ConfigRecord(dict(config))
         train_config["server-round"] = server_round
         train_config["lambda"] = self.lambda_
-        if self.local_epochs is not None:
-            train_config["local-epochs"] = self.local_epochs
-        if self.lr is not None:
-            train_config["lr"] = self.lr
         messages = []
         for node in sampled:
             if node in self.plain:
@@ -403,7 +391,7 @@ class StoCFL(ServerSideRound):
             "merges": len(merges), "sampled": len(sampled),
             "clusters-trained": len(cluster_parts), "bytes-sent": array_bytes(messages),
             "bytes-received": array_bytes(r for r in replies if r is not None),
-            "round-seconds": time.monotonic() - started,
+            "train-time": time.monotonic() - started,
         })
         if losses:
             w = np.array([x[0] for x in losses])

@@ -1,0 +1,77 @@
+"""The app's ClientApp: our handlers over the run config's dataset and partition.
+
+A node's data is its partition ``partition-id`` of ``num-partitions`` (node config,
+set by the simulation engine, or by ``flower-supernode --node-config`` in deployment).
+The run config is parsed once per run and process; training settings (``lr``,
+``local-epochs``, ...) come with each message's config, from the server.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from flwr.app import Context
+from flwr.clientapp import ClientApp
+
+from ..clients import HANDLERS, ClientHooks, register_hooks
+from ..data import ClientData
+from ..models import build_model
+from .config import RunConfig
+from .datasets import load_client_data
+
+if TYPE_CHECKING:
+    import torch
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    """Return the node's (partition-id, num-partitions).
+
+    Raises
+    ------
+    ValueError
+        If the node config does not set both keys.
+    """
+    try:
+        return int(context.node_config["partition-id"]), int(
+            context.node_config["num-partitions"]
+        )
+    except KeyError as err:
+        raise ValueError(
+            f"node config lacks {err}: start the SuperNode with "
+            "--node-config \"partition-id=<i> num-partitions=<n>\""
+        ) from err
+
+
+_PARSED: dict[int, RunConfig] = {}
+
+
+def run_config(context: Context) -> RunConfig:
+    """The run config of the context's run, parsed and validated once per run (keys of
+    embedding apps are ignored).
+    """
+    if (cfg := _PARSED.get(context.run_id)) is None:
+        cfg = _PARSED[context.run_id] = RunConfig.from_mapping(context.run_config,
+                                                               allow_unknown=True)
+    return cfg
+
+
+@lru_cache(maxsize=16)
+def _cached_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> ClientData:
+    return load_client_data(cfg, partition_id, num_partitions)
+
+
+def load_data(context: Context) -> ClientData:
+    """Load (once per process and node) the node's partition of the run's dataset."""
+    return _cached_data(run_config(context), *node_partition(context))
+
+
+def make_model(context: Context, data: ClientData) -> torch.nn.Module:
+    """Build the run's model for the node's data."""
+    cfg = run_config(context)
+    return build_model(cfg.model, data.x_train.shape[1:], data.num_classes, cfg.seed)
+
+
+HOOKS = ClientHooks(load_data=load_data, build_model=make_model)
+
+app = register_hooks(ClientApp(), HOOKS, handlers=HANDLERS)

@@ -1,0 +1,318 @@
+"""Typed, validated run configuration.
+
+Flower hands the ServerApp and the ClientApp the run config as a flat mapping with
+kebab-case keys (``num-server-rounds``, ``local-epochs``, ...). :class:`RunConfig` is the
+single place where those keys are declared, typed, range-checked, checked against
+their choices and documented; the ``[tool.flwr.app.config]`` table of
+``pyproject.toml`` must declare the same keys with the same defaults (a test checks
+it). Settings of one strategy carry its name as a prefix (``fedgsp-kappa``,
+``hierfl-tau1``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..clients.handlers import TrainSettings
+from ..core.clustering import MERGE_MODELS, SKETCH_MODES
+from ..core.edge_assignment import POLICIES
+from ..core.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
+from ..core.multicenter import INITS
+from ..data import LOCAL_DATASETS, SCHEMES
+from ..models import MODELS
+from ..strategies.fesem import NEW_CLIENTS
+from ..strategies.semifl import CLUSTER_SOURCES
+from ..strategies.sequential import RELAY_MESSAGE_TYPES
+
+# The strategies the app builds by name (fedgsp_flwr.app.registry maps each to a
+# constructor); ``centralized`` is the experiment runner's baseline, not a strategy.
+STRATEGY_NAMES = ("fedavg", "fedprox", "fedgsp", "naivegsp", "naivegsp-icg", "hierfl",
+                  "stocfl", "fesem", "semifl")
+
+class ConfigError(ValueError):
+    """A run-config value is missing, of the wrong type, or out of range."""
+
+
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+def _non_negative(value: float) -> bool:
+    return value >= 0
+
+
+def _fraction(value: float) -> bool:
+    return 0.0 < value <= 1.0
+
+
+def _closed_fraction(value: float) -> bool:
+    return 0.0 <= value <= 1.0
+
+
+def _is_dataset(value: str) -> bool:
+    return value in LOCAL_DATASETS or "/" in value
+
+
+def _is_cluster_source(value: str) -> bool:
+    return (value in CLUSTER_SOURCES and value != "file") or value.lower().endswith(
+        (".json", ".csv"))
+
+
+def _setting(
+    default: Any, help: str, check: Callable[[Any], bool] | None = None, rule: str = "",
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """Declare one run-config field with its default, help text and range check (or
+    its choices).
+    """
+    if choices is not None:
+        check, rule = (lambda v: v in choices), "one of " + ", ".join(choices)
+    return field(default=default, metadata={"help": help, "check": check, "rule": rule})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The app's run configuration, one attribute per kebab-case run-config key.
+
+    Attribute ``local_epochs`` is run-config key ``local-epochs``, and so on. Build it
+    with :meth:`from_mapping`, which validates every value; unknown keys, wrong types
+    and out-of-range values raise :class:`ConfigError` naming the key.
+    """
+
+    num_server_rounds: int = _setting(5, "number of server rounds", _positive, "> 0")
+    strategy: str = _setting("fedgsp", "strategy name (see fedgsp_flwr.app.registry)",
+                             choices=STRATEGY_NAMES)
+    dataset: str = _setting(
+        "mnist", "a local dataset or a Hugging Face hub name (org/name)", _is_dataset,
+        f"one of {', '.join(LOCAL_DATASETS)} or a Hugging Face hub name (org/name)")
+    partition: str = _setting("iid", "partition scheme (see fedgsp_flwr.data.partition)",
+                              choices=SCHEMES)
+    partition_alpha: float = _setting(
+        0.5, "Dirichlet concentration of partition=dirichlet", _positive, "> 0"
+    )
+    classes_per_client: int = _setting(
+        2, "classes per client of partition=pathological", _positive, "> 0"
+    )
+    shards_per_client: int = _setting(
+        2, "shards per client of partition=shards", _positive, "> 0"
+    )
+    test_fraction: float = _setting(
+        0.2, "size of a client's test split relative to its train split", _fraction,
+        "in (0, 1]",
+    )
+    synthetic_alpha: float = _setting(
+        1.0, "model heterogeneity alpha of the Synthetic(alpha, beta) data", _non_negative,
+        ">= 0",
+    )
+    synthetic_beta: float = _setting(
+        1.0, "data heterogeneity beta of the Synthetic(alpha, beta) data", _non_negative,
+        ">= 0",
+    )
+    train_examples: int = _setting(
+        0, "training examples drawn (seeded) from the dataset before partitioning "
+        "(0 = all)", _non_negative, ">= 0")
+    test_examples: int = _setting(
+        0, "examples drawn (seeded) from the test split, for central evaluation and the "
+        "clients' test splits (0 = all)", _non_negative, ">= 0")
+    model: str = _setting("auto", "model (auto: cnn for images, logistic for vectors)",
+                          choices=MODELS)
+    fraction_train: float = _setting(
+        1.0, "fraction of connected nodes sampled for training", _fraction, "in (0, 1]"
+    )
+    fraction_evaluate: float = _setting(
+        1.0, "fraction of connected nodes sampled for federated evaluation",
+        _closed_fraction, "in [0, 1]",
+    )
+    min_available_nodes: int = _setting(
+        2, "nodes to wait for before sampling", _positive, "> 0"
+    )
+    # Sent to the clients in every training message's config (the one route).
+    local_epochs: int = _setting(TrainSettings.local_epochs, "local epochs per training "
+                                 "message", _positive, "> 0")
+    lr: float = _setting(TrainSettings.lr, "client SGD learning rate", _positive, "> 0")
+    momentum: float = _setting(
+        TrainSettings.momentum, "client SGD momentum", lambda v: 0.0 <= v < 1.0, "in [0, 1)"
+    )
+    batch_size: int = _setting(TrainSettings.batch_size, "client mini-batch size", _positive,
+                               "> 0")
+    fedprox_mu: float = _setting(
+        0.01, "FedProx proximal term weight", _non_negative, ">= 0"
+    )
+    fedgsp_growth: str = _setting("log", "FedGSP growth function of the number of groups",
+                                  choices=GROWTH_FUNCTIONS)
+    fedgsp_growth_alpha: float = _setting(2.0, "FedGSP growth rate alpha", _positive, "> 0")
+    fedgsp_growth_beta: int = _setting(
+        1, "FedGSP initial number of groups beta (the paper: 10 for 368 clients)",
+        _positive, "> 0")
+    fedgsp_kappa: float = _setting(
+        0.3, "FedGSP fraction of groups sampled per round", _fraction, "in (0, 1]")
+    fedgsp_num_groups: int = _setting(
+        0, "fixed number of groups of naivegsp / naivegsp-icg (0 = fedgsp-growth-beta)",
+        _non_negative, ">= 0")
+    fedgsp_icg_iterations: int = _setting(10, "ICG's maximum iterations (tau)", _positive, "> 0")
+    fedgsp_icg_leftover: str = _setting(
+        "distribute", "ICG clients outside the equal-size clusters", choices=LEFTOVER_POLICIES)
+    fedgsp_icg_normalize: bool = _setting(False, "ICG clusters label proportions, not counts")
+    fedgsp_icg_balance: bool = _setting(
+        True, "rearrange ICG's one-per-cluster draw to equalise group distributions "
+        "(false = the paper's random draw)")
+    relay_message: str = _setting(
+        "train.relay", "message type of relay hops (train: any ClientApp)",
+        choices=RELAY_MESSAGE_TYPES)
+    query_timeout: float = _setting(
+        600.0, "seconds to wait for the replies to a query (histogram, sketch)",
+        _positive, "> 0")
+    histogram_epsilon: float = _setting(
+        0.0, "Laplace noise on the class histograms nodes report: privacy budget epsilon "
+        "(0 = exact counts; a node's own histogram-epsilon node config wins)",
+        lambda v: v >= 0, ">= 0")
+    relay_poll: float = _setting(
+        0.02, "seconds between the relay's polls for hop replies (3.0 behaves as "
+        "send_and_receive in deployment)", _positive, "> 0")
+    hierfl_policy: str = _setting("greedy", "HierFL user-edge assignment policy",
+                                  choices=POLICIES)
+    hierfl_edges: int = _setting(10, "HierFL edges of a generated topology", _positive, "> 0")
+    hierfl_reach: int = _setting(
+        2, "HierFL edges in range of each user of a generated topology (r)", _positive, "> 0")
+    hierfl_topology: str = _setting(
+        "", "HierFL topology file, JSON or CSV, user i = partition id i ('' = generated)")
+    hierfl_time_limit: float = _setting(
+        10.0, "HierFL CP-SAT time limit in seconds (optimal, equal-size)", _positive, "> 0")
+    hierfl_tau1: int = _setting(1, "HierFL local SGD steps per user per edge round",
+                                _positive, "> 0")
+    hierfl_tau2: int = _setting(2, "HierFL edge rounds per cloud round", _positive, "> 0")
+    stocfl_tau: float = _setting(
+        0.5, "StoCFL merge threshold on cluster cosine similarity", lambda v: -1 <= v <= 1,
+        "in [-1, 1]")
+    stocfl_lambda: float = _setting(
+        0.05, "StoCFL weight of the cluster models' pull to the global model",
+        _non_negative, ">= 0")
+    stocfl_sketch: str = _setting("gradient", "StoCFL client sketch", choices=SKETCH_MODES)
+    stocfl_sketch_dim: int = _setting(
+        0, "StoCFL sketch projected on the client to this many numbers (0 = model size)",
+        _non_negative, ">= 0")
+    stocfl_sketch_epochs: int = _setting(1, "StoCFL local epochs of the update sketch",
+                                         _positive, "> 0")
+    stocfl_merge_model: str = _setting("larger", "StoCFL model of a merged cluster",
+                                       choices=MERGE_MODELS)
+    stocfl_holdout_fraction: float = _setting(
+        0.0, "StoCFL fraction of nodes never trained, placed by inference at evaluation",
+        lambda v: 0 <= v < 1, "in [0, 1)")
+    semifl_clusters: str = _setting(
+        "label-diverse", "Semi-FL static clusters: a rule, node-config (each node's "
+        "cluster-id) or a .json/.csv file (partition id -> cluster id)",
+        _is_cluster_source, "one of " + ", ".join(s for s in CLUSTER_SOURCES if s != "file")
+        + " or a .json/.csv cluster file")
+    semifl_cluster_size: int = _setting(10, "Semi-FL clients per cluster of the rules",
+                                        _positive, "> 0")
+    semifl_offset: int = _setting(
+        0, "Semi-FL label-homogeneous: rotate the class-sorted clients by this many before "
+        "cutting (half a cluster = the paper's c2)", _non_negative, ">= 0")
+    semifl_shuffle: bool = _setting(False, "Semi-FL shuffles each cluster's order every "
+                                    "round (false = one fixed order)")
+    semifl_weighted: bool = _setting(
+        False, "Semi-FL averages cluster models by examples (false = uniform, the paper)")
+    fesem_k: int = _setting(4, "FeSEM number of centres K", _positive, "> 0")
+    fesem_init: str = _setting("kmeans++", "FeSEM centre initialisation", choices=INITS)
+    fesem_new_clients: str = _setting(
+        "probe", "FeSEM first-seen nodes: probe (fine-tune every centre, keep the least "
+        "moved) | initial (fit the initial model, nearest centre)",
+        choices=NEW_CLIENTS)
+    fesem_layers: str = _setting(
+        "", "FeSEM layers (comma-separated array names) the distances use ('' = all)")
+    seed: int = _setting(42, "seed of data partitions, model init and sampling")
+    train_timeout: float = _setting(
+        3600.0, "seconds to wait for the replies to training or evaluation messages (a "
+        "round, an edge round, a relay hop)", _positive, "> 0")
+    data_dir: str = _setting(
+        "", "dataset cache directory ('' = $FEDGSP_DATA_DIR or ~/.cache/fedgsp-flwr)"
+    )
+    results_dir: str = _setting(
+        "results", "folder that receives one sub-folder of results per run"
+    )
+    run_name: str = _setting("", "results sub-folder name ('' = <strategy>-<time>)")
+    resume_from: str = _setting(
+        "", "results folder of an interrupted run: continue it from its last complete "
+        "round ('' = a new run)")
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """Return the run-config keys in declaration order."""
+        return [to_key(f.name) for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Return the default run config as a kebab-case mapping."""
+        return {to_key(f.name): f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_mapping(
+        cls, values: Mapping[str, Any], *, allow_unknown: bool = False
+    ) -> RunConfig:
+        """Validate a kebab-case mapping (e.g. ``context.run_config``).
+
+        Parameters
+        ----------
+        values : Mapping[str, Any]
+            Run-config values; missing keys take their defaults.
+        allow_unknown : bool (default: False)
+            Ignore keys this app does not declare (an app embedding ours may add its
+            own) instead of rejecting them.
+
+        Returns
+        -------
+        RunConfig
+            The validated configuration.
+
+        Raises
+        ------
+        ConfigError
+            On an unknown key, a value of the wrong type or out of range.
+        """
+        known = {to_key(f.name): f for f in dataclasses.fields(cls)}
+        unknown = [k for k in values if k not in known]
+        if unknown and not allow_unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, known, n=1)
+                hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise ConfigError(f"Unknown run-config key(s): {', '.join(hints)}")
+        kwargs = {}
+        for key, fld in known.items():
+            if key in values:
+                kwargs[fld.name] = _coerce(key, values[key], fld)
+        return cls(**kwargs)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Return the configuration as a kebab-case mapping (JSON-serialisable)."""
+        return {to_key(k): v for k, v in dataclasses.asdict(self).items()}
+
+
+def to_key(attribute: str) -> str:
+    """Map an attribute name to its kebab-case run-config key."""
+    return attribute.replace("_", "-")
+
+
+def _coerce(key: str, value: Any, fld: dataclasses.Field[Any]) -> Any:
+    """Type-check one value against its field and apply the field's range check."""
+    expected = fld.type if isinstance(fld.type, str) else fld.type.__name__
+    if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    python_type = {"int": int, "float": float, "str": str, "bool": bool}[expected]
+    if (isinstance(value, bool) and python_type is not bool) or not isinstance(
+        value, python_type
+    ):
+        raise ConfigError(
+            f"Run-config key '{key}' must be of type {expected}, "
+            f"got {value!r} ({type(value).__name__})"
+        )
+    check = fld.metadata.get("check")
+    if check is not None and not check(value):
+        raise ConfigError(
+            f"Run-config key '{key}' must be {fld.metadata['rule']}, got {value!r}"
+        )
+    return value

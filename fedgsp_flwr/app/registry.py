@@ -1,0 +1,160 @@
+"""Strategy names of the run config -> strategies, built from the parsed run config.
+
+The ServerApp builds the strategy once the data is known, so that clustering
+strategies get the partitions' latent groups (``ground_truth``, for ARI/NMI) and
+FeSEM its seeded centre models (``centre_factory``) through their constructors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import Strategy
+
+from ..core.edge_assignment import load_topology
+from ..strategies import FedAvg, FedGSP, FedProx, FeSEM, HierFL, SemiFL, StoCFL
+from ..strategies.semifl import CLUSTER_SOURCES, load_cluster_assignment
+from .config import RunConfig
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the run knows beside its config when it builds the strategy.
+
+    Attributes
+    ----------
+    ground_truth : Mapping[int, int]
+        Latent group of each partition id (clustering strategies report ARI / NMI).
+    centre_factory : Callable[[int], ArrayRecord] | None
+        Centre k's initial model (FeSEM's ``seeds`` initialisation).
+    """
+
+    ground_truth: Mapping[int, int] = field(default_factory=dict)
+    centre_factory: Callable[[int], ArrayRecord] | None = None
+
+
+def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Flower's FedAvg sampling parameters from the run config."""
+    return {
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "min_available_nodes": cfg.min_available_nodes,
+        "min_train_nodes": 1,
+        "min_evaluate_nodes": 1 if cfg.fraction_evaluate > 0 else 0,
+    }
+
+
+def timeout_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """The strategies' two timeouts from the run config."""
+    return {"query_timeout": cfg.query_timeout, "train_timeout": cfg.train_timeout}
+
+
+def relay_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """The relay strategies' settings (FedGSP and Semi-FL) from the run config."""
+    return {**timeout_kwargs(cfg), "poll_interval": cfg.relay_poll,
+            "relay_message_type": cfg.relay_message, "seed": cfg.seed}
+
+
+def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool, run: RunContext) -> Strategy:
+    kwargs = sampling_kwargs(cfg)
+    del kwargs["fraction_train"]  # FedGSP samples groups with kappa instead
+    return FedGSP(
+        growth=cfg.fedgsp_growth,
+        alpha=cfg.fedgsp_growth_alpha,
+        beta=cfg.fedgsp_growth_beta,
+        kappa=cfg.fedgsp_kappa,
+        grouping=grouping,
+        num_groups=(cfg.fedgsp_num_groups or cfg.fedgsp_growth_beta) if fixed_groups else None,
+        icg_iterations=cfg.fedgsp_icg_iterations,
+        icg_leftover=cfg.fedgsp_icg_leftover,
+        icg_normalize=cfg.fedgsp_icg_normalize,
+        icg_balance=cfg.fedgsp_icg_balance,
+        **relay_kwargs(cfg),
+        **kwargs,
+    )
+
+
+def _hierfl(cfg: RunConfig, run: RunContext) -> Strategy:
+    return HierFL(
+        policy=cfg.hierfl_policy,
+        num_edges=cfg.hierfl_edges,
+        reach_per_user=cfg.hierfl_reach,
+        topology=load_topology(cfg.hierfl_topology) if cfg.hierfl_topology else None,
+        tau1=cfg.hierfl_tau1,
+        tau2=cfg.hierfl_tau2,
+        time_limit=cfg.hierfl_time_limit,
+        **timeout_kwargs(cfg),
+        seed=cfg.seed,
+        **sampling_kwargs(cfg),
+    )
+
+
+def _stocfl(cfg: RunConfig, run: RunContext) -> Strategy:
+    return StoCFL(
+        tau=cfg.stocfl_tau,
+        lambda_=cfg.stocfl_lambda,
+        sketch=cfg.stocfl_sketch,
+        sketch_dim=cfg.stocfl_sketch_dim,
+        sketch_epochs=cfg.stocfl_sketch_epochs,
+        sketch_seed=cfg.seed,
+        merge_model=cfg.stocfl_merge_model,
+        holdout_fraction=cfg.stocfl_holdout_fraction,
+        ground_truth=run.ground_truth,
+        **timeout_kwargs(cfg),
+        seed=cfg.seed,
+        **sampling_kwargs(cfg),
+    )
+
+
+def _fesem(cfg: RunConfig, run: RunContext) -> Strategy:
+    return FeSEM(
+        k=cfg.fesem_k,
+        init=cfg.fesem_init,
+        new_clients=cfg.fesem_new_clients,
+        layers=[n.strip() for n in cfg.fesem_layers.split(",") if n.strip()] or None,
+        centre_factory=run.centre_factory,
+        ground_truth=run.ground_truth,
+        **timeout_kwargs(cfg),
+        seed=cfg.seed,
+        **sampling_kwargs(cfg),
+    )
+
+
+def _semifl(cfg: RunConfig, run: RunContext) -> Strategy:
+    kwargs = sampling_kwargs(cfg)
+    del kwargs["fraction_train"]  # every cluster trains every round
+    rule = cfg.semifl_clusters
+    is_file = rule not in CLUSTER_SOURCES
+    return SemiFL(
+        clusters="file" if is_file else rule,
+        assignment=load_cluster_assignment(rule) if is_file else None,
+        cluster_size=cfg.semifl_cluster_size,
+        offset=cfg.semifl_offset,
+        shuffle_order=cfg.semifl_shuffle,
+        weighted_average=cfg.semifl_weighted,
+        **relay_kwargs(cfg),
+        **kwargs,
+    )
+
+
+STRATEGIES: dict[str, Callable[[RunConfig, RunContext], Strategy]] = {
+    "fedavg": lambda cfg, run: FedAvg(**sampling_kwargs(cfg)),
+    "fedprox": lambda cfg, run: FedProx(proximal_mu=cfg.fedprox_mu, **sampling_kwargs(cfg)),
+    "fedgsp": lambda cfg, run: _fedgsp(cfg, "icg", False, run),
+    "naivegsp": lambda cfg, run: _fedgsp(cfg, "random", True, run),
+    "naivegsp-icg": lambda cfg, run: _fedgsp(cfg, "icg", True, run),
+    "hierfl": _hierfl,
+    "stocfl": _stocfl,
+    "fesem": _fesem,
+    "semifl": _semifl,
+}
+
+
+def build_strategy(cfg: RunConfig, run: RunContext | None = None) -> Strategy:
+    """Build the strategy named by ``cfg.strategy`` (one of
+    :data:`~fedgsp_flwr.app.config.STRATEGY_NAMES`, checked when ``cfg`` was parsed).
+    """
+    return STRATEGIES[cfg.strategy](cfg, run or RunContext())

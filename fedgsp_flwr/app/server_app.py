@@ -1,0 +1,300 @@
+"""The app's ServerApp: builds the configured strategy, runs it, records the results."""
+
+from __future__ import annotations
+
+import platform
+import random
+import time
+from datetime import UTC, datetime
+from logging import INFO
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from ..models import build_model, resolve_model_name
+from ..strategies import FedAvg
+from ..strategies.nodes import query_histograms
+from ..strategies.state import record_arrays, to_record
+from .checkpoint import (
+    RESUMABLE_CHANGES,
+    Checkpoint,
+    CheckpointError,
+    ResumedRounds,
+    capture_global_rngs,
+    config_changes,
+    load_checkpoint,
+    node_map,
+    restore_global_rngs,
+    save_checkpoint,
+)
+from .config import ConfigError, RunConfig
+from .datasets import bundle_for, load_partitions, load_server_test_set
+from .registry import RunContext, build_strategy
+from .results import RunRecorder, read_metrics
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the strategy of the run config and write the run's results folder."""
+    run(grid, RunConfig.from_mapping(context.run_config))  # parsed and checked once
+
+
+def wait_for_nodes(grid: Grid, minimum: int, poll_seconds: float = 1.0) -> int:
+    """Block until ``minimum`` nodes are connected; return how many are."""
+    while (count := len(list(grid.get_node_ids()))) < minimum:
+        log(INFO, "Waiting for nodes: %d connected, %d needed", count, minimum)
+        time.sleep(poll_seconds)
+    return count
+
+
+def results_folder(cfg: RunConfig) -> Path:
+    """The run's results folder: ``<results-dir>/<run-name>``."""
+    name = cfg.run_name or "-".join(
+        [cfg.strategy, cfg.dataset.replace("/", "_"), cfg.partition,
+         datetime.now(UTC).strftime("%Y%m%d-%H%M%S")]
+    )
+    return Path(cfg.results_dir).expanduser().resolve() / name
+
+
+def training_config(cfg: RunConfig) -> ConfigRecord:
+    """The training settings sent to clients with every train message."""
+    return ConfigRecord(
+        {
+            "lr": cfg.lr,
+            "local-epochs": cfg.local_epochs,
+            "batch-size": cfg.batch_size,
+            "momentum": cfg.momentum,
+        }
+    )
+
+
+class CentralEvaluator:
+    """Scores the global model on the server's test set after every round.
+
+    Used as Flower's ``evaluate_fn``: it also logs one line per round, merges the
+    strategy's per-round history (client metrics, rejected replies) and hands the row
+    to the recorder, so that the results folder is current after every round.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model: Any,
+        test_set: tuple[np.ndarray, np.ndarray],
+        strategy: FedAvg,
+        recorder: RunRecorder,
+        offset: int = 0,
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.x_test, self.y_test = test_set
+        self.strategy = strategy
+        self.recorder = recorder
+        self.offset = offset
+        self.started = self.last = time.perf_counter()
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Evaluate ``arrays``, record and log the round, write the checkpoint.
+
+        In a resumed run, Flower's round ``r`` is round ``offset + r``; its round 0 (the
+        model of the checkpoint) was recorded by the interrupted run.
+        """
+        from ..training import evaluate
+
+        if self.offset and server_round == 0:
+            return None
+        server_round += self.offset
+        now = time.perf_counter()
+        round_time, self.last = now - self.last, now
+        self.model.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy = evaluate(self.model, self.x_test, self.y_test)
+        row: dict[str, Any] = {
+            "round": server_round,
+            "central-acc": accuracy,
+            "central-loss": loss,
+            "round-time": round_time,
+            "elapsed": now - self.started,
+        }
+        row.update(self.strategy.history.get(server_round, {}))
+        self.recorder.add_round(row)
+        if server_round > 0:
+            self.recorder.write_files(self.strategy.artifacts(final=False))
+        if server_round > 0:
+            self.checkpoint(server_round, arrays)
+        log(
+            INFO,
+            "Round %d/%d: central accuracy %.4f, loss %.4f, %.1fs",
+            server_round, self.cfg.num_server_rounds, accuracy, loss, round_time,
+        )
+        self.last = time.perf_counter()  # evaluation time is not the next round's
+        return MetricRecord({"central-acc": accuracy, "central-loss": loss})
+
+    def checkpoint(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Write the round's checkpoint (model, strategy state, random generators)."""
+        save_checkpoint(self.recorder.folder, Checkpoint(
+            round=server_round,
+            model=record_arrays(arrays),
+            strategy=self.strategy.checkpoint_state(),
+            rng=capture_global_rngs(),
+            run_config=self.cfg.to_mapping(),
+            partitions=self.strategy.node_partitions(),
+        ))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators.
+
+    Flower's strategies sample nodes with Python's ``random``.
+    """
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run_metadata(cfg: RunConfig, num_nodes: int, model_name: str) -> dict[str, Any]:
+    """What a run's ``config.json`` holds: the run config, nodes, model, versions."""
+    import flwr
+    import torch
+
+    return {
+        "run-config": cfg.to_mapping(),
+        "num-nodes": num_nodes,
+        "resolved-model": model_name,
+        "versions": {"flwr": flwr.__version__, "torch": torch.__version__,
+                     "numpy": np.__version__, "python": platform.python_version()},
+    }
+
+
+def run_summary(recorder: RunRecorder, rounds: int, wall_time: float,
+                num_nodes: int) -> dict[str, Any]:
+    """The ``summary`` of a finished run: final and best central accuracy, rounds, wall
+    time and nodes.
+    """
+    return {
+        "final-central-acc": recorder.rounds[-1]["central-acc"],
+        "best-central-acc": max(r["central-acc"] for r in recorder.rounds),
+        "rounds": rounds,
+        "wall-time": wall_time,
+        "num-nodes": num_nodes,
+    }
+
+
+def resumable_checkpoint(cfg: RunConfig) -> Checkpoint:
+    """The checkpoint of ``cfg.resume_from``, checked against the run config.
+
+    Raises
+    ------
+    ConfigError
+        If there is no readable checkpoint, the run config changes a key that shapes
+        the run, or the checkpoint already has every round.
+    """
+    try:
+        checkpoint = load_checkpoint(cfg.resume_from)
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from err
+    changed = config_changes(checkpoint.run_config, cfg.to_mapping())
+    if changed:
+        raise ConfigError(
+            "resume-from: the run config differs from the interrupted run's in "
+            + ", ".join(f"'{k}' ({checkpoint.run_config.get(k)!r} there, "
+                        f"{cfg.to_mapping().get(k)!r} here)" for k in changed)
+            + f"; only {', '.join(sorted(RESUMABLE_CHANGES))} may change")
+    if checkpoint.round >= cfg.num_server_rounds:
+        raise ConfigError(
+            f"resume-from: the checkpoint already has round {checkpoint.round} of "
+            f"num-server-rounds={cfg.num_server_rounds}; raise num-server-rounds to go on")
+    return checkpoint
+
+
+def resume(strategy: FedAvg, checkpoint: Checkpoint, grid: Grid, cfg: RunConfig) -> FedAvg:
+    """Restore ``strategy``'s state: nodes that reported a partition id in the
+    interrupted run are found again by asking the connected nodes theirs.
+    """
+    current: dict[int, int] = {}
+    if checkpoint.partitions:
+        nodes = sorted(grid.get_node_ids())
+        current = query_histograms(grid, nodes, cfg.query_timeout).partition_ids
+    strategy.restore_state(checkpoint.strategy, node_map(checkpoint.partitions, current))
+    log(INFO, "Resuming after round %d of %d: %d of %d known nodes found again",
+        checkpoint.round, cfg.num_server_rounds,
+        len(set(checkpoint.partitions.values()) & set(current.values())),
+        len(checkpoint.partitions))
+    return strategy
+
+
+def run(grid: Grid, cfg: RunConfig) -> Path:
+    """Run one federated experiment on ``grid`` and return its results folder.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid of connected nodes.
+    cfg : RunConfig
+        The validated run configuration.
+
+    Returns
+    -------
+    Path
+        The results folder.
+    """
+    checkpoint = resumable_checkpoint(cfg) if cfg.resume_from else None
+    seed_everything(cfg.seed)
+    num_nodes = wait_for_nodes(grid, cfg.min_available_nodes)
+    bundle = bundle_for(cfg, num_nodes)
+    # Partitioning here validates the scheme against the dataset before any round, and
+    # fills the on-disk partition cache that the nodes of this machine then read.
+    parts = load_partitions(cfg, num_nodes)
+    sizes = [len(p.train_idx) for p in parts]
+    log(INFO, "%s over %d partitions: %d to %d training examples each",
+        cfg.partition, num_nodes, min(sizes), max(sizes))
+    model_name = resolve_model_name(cfg.model, bundle.input_shape)
+    model = build_model(model_name, bundle.input_shape, bundle.num_classes, cfg.seed)
+    strategy = cast(FedAvg, build_strategy(cfg, RunContext(
+        ground_truth={p.partition_id: p.latent_group for p in parts},
+        centre_factory=lambda k: ArrayRecord(build_model(
+            model_name, bundle.input_shape, bundle.num_classes, cfg.seed + k).state_dict()),
+    )))
+    metadata = run_metadata(cfg, num_nodes, model_name)
+    if checkpoint is None:
+        folder, done, previous = results_folder(cfg), 0, []
+        initial_arrays = ArrayRecord(model.state_dict())
+    else:
+        folder, done = Path(cfg.resume_from).expanduser().resolve(), checkpoint.round
+        previous = (read_metrics(folder) or {}).get("rounds", [])[:done + 1]
+        metadata["resumed-after-round"] = done
+        initial_arrays = to_record(checkpoint.model)
+        strategy = resume(strategy, checkpoint, grid, cfg)
+    recorder = RunRecorder(folder, metadata, previous)
+    log(INFO, "Results of this run go to %s", folder)
+    evaluator = CentralEvaluator(
+        cfg, model, load_server_test_set(cfg, num_nodes), strategy, recorder, done
+    )
+    if checkpoint is not None:
+        restore_global_rngs(checkpoint.rng)  # last: as they were after round `done`
+    result = (strategy if not done else ResumedRounds(strategy, done)).start(
+        grid=grid,
+        initial_arrays=initial_arrays,
+        num_rounds=cfg.num_server_rounds - done,
+        timeout=cfg.train_timeout,
+        train_config=training_config(cfg),
+        evaluate_config=ConfigRecord(),
+        evaluate_fn=evaluator,
+    )
+    last = recorder.rounds[-1]
+    recorder.write_files(strategy.artifacts(final=True))
+    recorder.finish(
+        run_summary(recorder, cfg.num_server_rounds, time.perf_counter() - evaluator.started,
+                    num_nodes),
+        # Result.arrays stays empty when no round produced an aggregate.
+        record_arrays(result.arrays or initial_arrays),
+    )
+    log(INFO, "Final central accuracy %.4f; results in %s", last["central-acc"], folder)
+    return folder

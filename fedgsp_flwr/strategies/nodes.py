@@ -1,0 +1,326 @@
+"""The node registry: asking nodes for their metadata (class histograms, partition ids,
+stated edges and clusters) through the Grid, and remembering the answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import WARNING
+
+import numpy as np
+from flwr.app import Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from ..core.sampling import partition_order
+from .state import NodeMap, StrategyState, from_pairs, pairs, stack_rows
+
+MAX_HISTOGRAM_COUNT = 10**9
+# Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
+UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
+                      ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
+
+
+def collect_reply_list(
+    grid: Grid,
+    messages: Sequence[Message],
+    timeout: float,
+    poll_interval: float = 0.02,
+) -> list[Message | None]:
+    """Push messages and poll until every one is answered or ``timeout`` passed.
+
+    Returns
+    -------
+    list[Message | None]
+        The reply to each message, in order; ``None`` where none came in time.
+    """
+    ids = list(grid.push_messages(list(messages)))
+    position = {mid: i for i, mid in enumerate(ids)}
+    replies: list[Message | None] = [None] * len(ids)
+    deadline = time.monotonic() + timeout
+    while position and time.monotonic() < deadline:
+        batch = list(grid.pull_messages(list(position)))
+        for reply in batch:
+            i = position.pop(reply.metadata.reply_to_message_id, None)
+            if i is not None:
+                replies[i] = reply
+        if not batch and position:
+            time.sleep(poll_interval)
+    return replies
+
+
+def collect_replies(
+    grid: Grid,
+    messages: Sequence[Message],
+    timeout: float,
+    poll_interval: float = 0.02,
+) -> dict[int, Message]:
+    """Push messages (at most one per node) and poll, as :func:`collect_reply_list`.
+
+    Returns
+    -------
+    dict[int, Message]
+        Replies by destination node id; nodes that did not reply in time are absent.
+    """
+    replies = collect_reply_list(grid, messages, timeout, poll_interval)
+    return {m.metadata.dst_node_id: r for m, r in zip(messages, replies, strict=True)
+            if r is not None}
+
+
+def node_label(node: int, partition_ids: Mapping[int, int]) -> str:
+    """``partition-<id>`` for a node that reported its partition, else ``node-<id>``: the
+    name results files give a node (node ids change from run to run).
+    """
+    return f"partition-{partition_ids[node]}" if node in partition_ids else f"node-{node}"
+
+
+def unreachable(reply: Message | None) -> bool:
+    """Whether a message got no answer from the node itself.
+
+    That is no reply in time, or the SuperLink's error reply for a node that went
+    offline. An error the node's ClientApp sent (e.g. for a query it has no handler
+    for) proves the node is there.
+    """
+    return reply is None or (reply.has_error() and reply.error.code in UNREACHABLE_ERRORS)
+
+
+def vector_problem(reply: Message, key: str, size: int | None) -> str | None:
+    """Why a reply does not carry one finite vector ``key`` (of ``size``), or ``None``."""
+    if reply.has_error():
+        return f"error reply: {reply.error.reason}"
+    try:
+        vector = reply.content.array_records[key][key].numpy()
+    except KeyError:
+        return f"no ArrayRecord '{key}' with an array '{key}'"
+    if vector.ndim != 1 or len(vector) == 0:
+        return f"{key} must be a non-empty vector, got shape {vector.shape}"
+    if size is not None and len(vector) != size:
+        return f"{key} has {len(vector)} entries, expected {size}"
+    if vector.dtype.kind not in "iuf" or not np.isfinite(vector.astype(np.float64)).all():
+        return f"{key} has NaN, inf or non-numeric values"
+    return None
+
+
+def reported_partition(reply: Message) -> int | None:
+    """The ``partition-id`` a query reply reports, if any."""
+    metrics = reply.content.metric_records.get("metrics")
+    partition = None if metrics is None else metrics.get("partition-id")
+    return partition if isinstance(partition, int) else None
+
+
+def histogram_problem(reply: Message, num_classes: int | None) -> str | None:
+    """Why a ``query.histogram`` reply is unusable, or ``None``."""
+    if (problem := vector_problem(reply, "histogram", num_classes)) is not None:
+        return problem
+    values = reply.content.array_records["histogram"]["histogram"].numpy().astype(np.float64)
+    if (values < 0).any():
+        return "histogram has negative counts"
+    if not np.array_equal(values, np.round(values)):
+        return "histogram counts are not integers"
+    if values.sum() <= 0 or values.sum() > MAX_HISTOGRAM_COUNT:
+        return f"histogram total {values.sum():g} is not in (0, {MAX_HISTOGRAM_COUNT}]"
+    return None
+
+
+@dataclass
+class HistogramReplies:
+    """What :func:`query_histograms` collected.
+
+    Attributes
+    ----------
+    histograms : dict[int, np.ndarray]
+        Label counts by node id.
+    failed : dict[int, str]
+        Why each other node has none.
+    partition_ids : dict[int, int]
+        The ``partition-id`` nodes reported (for a run-independent node order).
+    edges : dict[int, list[int]]
+        The HierFL edges nodes reported in range (their ``edges`` node config).
+    cluster_ids : dict[int, int]
+        The Semi-FL clusters nodes reported (their ``cluster-id`` node config).
+    unreachable : set[int]
+        The failed nodes that did not answer at all (see :func:`unreachable`).
+    """
+
+    histograms: dict[int, np.ndarray] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    unreachable: set[int] = field(default_factory=set)
+    partition_ids: dict[int, int] = field(default_factory=dict)
+    edges: dict[int, list[int]] = field(default_factory=dict)
+    cluster_ids: dict[int, int] = field(default_factory=dict)
+
+
+def query_histograms(
+    grid: Grid,
+    node_ids: Sequence[int],
+    timeout: float,
+    num_classes: int | None = None,
+) -> HistogramReplies:
+    """Ask nodes for their class histograms with ``query.histogram``.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid.
+    node_ids : Sequence[int]
+        Nodes to ask.
+    timeout : float
+        Seconds to wait for all replies.
+    num_classes : int | None
+        Expected histogram length (the first valid reply's if ``None``).
+
+    Returns
+    -------
+    HistogramReplies
+        Histograms, reasons for the nodes without one, reported partition ids.
+    """
+    queries = [Message(content=RecordDict(), dst_node_id=n, message_type="query.histogram")
+               for n in node_ids]
+    replies = collect_replies(grid, queries, timeout)
+    out = HistogramReplies()
+    for node in node_ids:
+        reply = replies.get(node)
+        if unreachable(reply):
+            out.unreachable.add(node)
+        if reply is None:
+            out.failed[node] = f"no reply within {timeout:g}s"
+            continue
+        problem = histogram_problem(reply, num_classes)
+        if problem is None:
+            hist = reply.content.array_records["histogram"]["histogram"].numpy()
+            out.histograms[node] = hist.astype(np.int64)
+            num_classes = len(hist)
+            if (partition := reported_partition(reply)) is not None:
+                out.partition_ids[node] = partition
+            metrics = reply.content.metric_records.get("metrics")
+            edges = None if metrics is None else metrics.get("edges")
+            if isinstance(edges, list) and edges and all(
+                    isinstance(e, int) and e >= 0 for e in edges):
+                out.edges[node] = [int(e) for e in edges]
+            cluster = None if metrics is None else metrics.get("cluster-id")
+            if isinstance(cluster, int) and cluster >= 0:
+                out.cluster_ids[node] = cluster
+        else:
+            out.failed[node] = problem
+    for node, reason in out.failed.items():
+        log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
+    return out
+
+
+class NodeHistograms:
+    """The class histograms of the nodes seen so far, each asked once.
+
+    Parameters
+    ----------
+    owner : str
+        Strategy name for log lines.
+    timeout : float
+        Seconds to wait for ``query.histogram`` replies.
+
+    Attributes
+    ----------
+    histograms : dict[int, np.ndarray]
+        Label counts by node id.
+    without : dict[int, str]
+        Why each node that could not answer has no histogram (asked once only).
+    partition_ids : dict[int, int]
+        The ``partition-id`` nodes reported.
+    edges : dict[int, list[int]]
+        The HierFL edges nodes reported in range.
+    cluster_ids : dict[int, int]
+        The Semi-FL clusters nodes reported.
+    unreachable : set[int]
+        Nodes that did not answer their last query at all (asked again next time).
+    """
+
+    def __init__(self, owner: str, timeout: float) -> None:
+        self.owner, self.timeout = owner, timeout
+        self.histograms: dict[int, np.ndarray] = {}
+        self.without: dict[int, str] = {}
+        self.partition_ids: dict[int, int] = {}
+        self.edges: dict[int, list[int]] = {}
+        self.cluster_ids: dict[int, int] = {}
+        self.unreachable: set[int] = set()
+
+    def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
+        """Ask the nodes not seen before (or forgotten) for their class histograms.
+
+        A node that answers without a usable histogram (a ClientApp without our
+        handler) is remembered as such; one that does not answer at all is put in
+        :attr:`unreachable` and asked again on the next call.
+        """
+        new = [n for n in nodes if n not in self.histograms and n not in self.without]
+        self.unreachable.difference_update(nodes)
+        if not new:
+            return
+        known = next(iter(self.histograms.values()), None)
+        replies = query_histograms(grid, new, self.timeout,
+                                   None if known is None else len(known))
+        self.histograms.update(replies.histograms)
+        self.partition_ids.update(replies.partition_ids)
+        self.edges.update(replies.edges)
+        self.cluster_ids.update(replies.cluster_ids)
+        self.unreachable |= replies.unreachable
+        answered = {n: r for n, r in replies.failed.items() if n not in replies.unreachable}
+        self.without.update(answered)
+        if answered:
+            log(WARNING, "%s: %d node(s) without a histogram are placed at random",
+                self.owner, len(answered))
+        if self.unreachable:
+            log(WARNING, "%s: node(s) %s did not answer; they sit out until they do",
+                self.owner, sorted(self.unreachable))
+
+    def reachable(self, grid: Grid, connected: Sequence[int]) -> list[int]:
+        """The connected nodes that can take part in a round, in :meth:`order`.
+
+        Forgets nodes that are no longer connected, asks new and forgotten nodes (see
+        :meth:`forget`) for their histograms, and leaves out those that did not answer.
+        """
+        self.forget([n for n in self.known_nodes() if n not in set(connected)])
+        self.refresh(grid, connected)
+        return self.order([n for n in connected if n not in self.unreachable])
+
+    def known_nodes(self) -> set[int]:
+        """Nodes with a histogram or a recorded reason for having none."""
+        return set(self.histograms) | set(self.without)
+
+    def forget_unanswered(self, answers: Iterable[tuple[int, Message | None]]) -> None:
+        """Forget the nodes whose message got no answer (see :func:`unreachable`): a node
+        that is gone answers a histogram query again before it takes part again.
+        """
+        self.forget([node for node, reply in answers if unreachable(reply)])
+
+    def forget(self, nodes: Sequence[int]) -> None:
+        """Drop what is known of nodes that left (a node that comes back is asked anew)."""
+        for node in nodes:
+            self.histograms.pop(node, None)
+            self.without.pop(node, None)
+            self.partition_ids.pop(node, None)
+            self.edges.pop(node, None)
+            self.cluster_ids.pop(node, None)
+
+    def order(self, nodes: Sequence[int]) -> list[int]:
+        """The nodes in :func:`partition_order`."""
+        return partition_order(nodes, self.partition_ids)
+
+    def checkpoint_state(self) -> StrategyState:
+        """Everything known of the nodes (see :mod:`fedgsp_flwr.checkpoint`)."""
+        nodes, matrix = stack_rows(self.histograms)
+        meta = {"histogram-nodes": nodes, "without": pairs(self.without),
+                "partition-ids": pairs(self.partition_ids), "edges": pairs(self.edges),
+                "cluster-ids": pairs(self.cluster_ids), "unreachable": sorted(self.unreachable)}
+        return StrategyState(meta, {"histograms": matrix})
+
+    def restore_state(self, state: StrategyState, nodes: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`, node ids translated by ``nodes``."""
+        meta = state.meta
+        self.histograms = {nodes(n): row.astype(np.int64) for n, row in
+                           zip(meta["histogram-nodes"], state.arrays["histograms"],
+                               strict=True)}
+        self.without = from_pairs(meta["without"], nodes)
+        self.partition_ids = from_pairs(meta["partition-ids"], nodes)
+        self.edges = from_pairs(meta["edges"], nodes)
+        self.cluster_ids = from_pairs(meta["cluster-ids"], nodes)
+        self.unreachable = {nodes(n) for n in meta["unreachable"]}

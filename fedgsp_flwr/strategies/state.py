@@ -1,0 +1,110 @@
+"""A strategy's state for checkpoints: what it saves after a round and takes back on
+resume.
+
+Node ids change from run to run (the simulation engine draws them; a restarted
+SuperNode gets a new one), so a state keys nodes by id and translates them on resume
+through a :data:`NodeMap` built from the nodes' reported ``partition-id``. The files
+themselves are written by :mod:`fedgsp_flwr.app.checkpoint`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+NodeMap = Callable[[int], int]
+"""Maps a node id of the checkpointed run to the node id of the resumed run."""
+
+
+@dataclass
+class StrategyState:
+    """A strategy's state: JSON-able values and numpy arrays.
+
+    Attributes
+    ----------
+    meta : dict[str, Any]
+        JSON-able values (node-keyed maps as ``[[node, value], ...]`` lists).
+    arrays : dict[str, np.ndarray]
+        Arrays by name.
+    """
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def merge(self, prefix: str, other: StrategyState) -> None:
+        """Add ``other`` under ``prefix`` (``prefix/name``)."""
+        self.meta[prefix] = other.meta
+        self.arrays.update(prefixed(other.arrays, prefix))
+
+    def part(self, prefix: str) -> StrategyState:
+        """The state added with :meth:`merge` under ``prefix``."""
+        return StrategyState(dict(self.meta.get(prefix, {})), under(self.arrays, prefix))
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """What a strategy whose state survives a restart provides (every strategy here
+    does; a strategy of another library has no state beyond the model).
+    """
+
+    def checkpoint_state(self) -> StrategyState:
+        """The state to save after a round."""
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back a saved state, with node ids translated by ``node_map``."""
+
+    def node_partitions(self) -> dict[int, int]:
+        """The ``partition-id`` each known node reported (to translate node ids)."""
+
+
+def generator_state(rng: np.random.Generator) -> dict[str, Any]:
+    """A numpy Generator's state, JSON-able."""
+    return dict(rng.bit_generator.state)
+
+
+def set_generator_state(rng: np.random.Generator, state: Mapping[str, Any]) -> None:
+    """Set a numpy Generator to a state of :func:`generator_state`."""
+    rng.bit_generator.state = dict(state)
+
+
+# --- node-keyed values ----------------------------------------------------------------
+
+def pairs(mapping: Mapping[int, Any]) -> list[list[Any]]:
+    """A node-keyed map as JSON-able ``[[node, value], ...]`` (JSON keys are strings)."""
+    return [[int(k), v] for k, v in mapping.items()]
+
+
+def from_pairs(items: Iterable[list[Any]], nodes: NodeMap = int) -> dict[int, Any]:
+    """The map of :func:`pairs`, keys translated by ``nodes``."""
+    return {nodes(int(k)): v for k, v in items}
+
+
+def stack_rows(mapping: Mapping[int, np.ndarray]) -> tuple[list[int], np.ndarray]:
+    """Node-keyed vectors of one length as (nodes, matrix)."""
+    nodes = list(mapping)
+    return nodes, (np.stack([mapping[n] for n in nodes]) if nodes else np.zeros((0, 0)))
+
+
+def prefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """``arrays`` renamed ``<prefix>/<name>``, to be stored beside others."""
+    return {f"{prefix}/{k}": v for k, v in arrays.items()}
+
+
+def under(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The arrays stored with :func:`prefixed` under ``prefix``, by their own names."""
+    cut = len(prefix) + 1
+    return {k[cut:]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
+
+
+def record_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """An ArrayRecord's arrays as numpy, in order."""
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """An ArrayRecord of numpy arrays, in order."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})

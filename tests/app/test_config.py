@@ -1,0 +1,156 @@
+"""Run-config validation, and agreement with pyproject.toml's declared defaults."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from flwr.app import ArrayRecord
+
+from fedgsp_flwr.app.config import ConfigError, RunConfig
+from fedgsp_flwr.app.server_app import training_config
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_pyproject_declares_every_key_with_the_same_default() -> None:
+    declared = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    assert declared == RunConfig.defaults()
+
+
+def test_defaults_round_trip() -> None:
+    cfg = RunConfig.from_mapping(RunConfig.defaults())
+    assert cfg == RunConfig()
+    assert cfg.to_mapping() == RunConfig.defaults()
+
+
+def test_values_are_typed_and_int_is_accepted_for_float() -> None:
+    cfg = RunConfig.from_mapping({"lr": 1, "local-epochs": 3, "strategy": "fedprox"})
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    assert cfg.local_epochs == 3 and cfg.strategy == "fedprox"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("num-server-rounds", 0, "must be > 0"),
+        ("num-server-rounds", 2.5, "must be of type int"),
+        ("num-server-rounds", True, "must be of type int"),
+        ("lr", -0.1, "must be > 0"),
+        ("lr", "fast", "must be of type float"),
+        ("fraction-train", 0.0, "in (0, 1]"),
+        ("fraction-train", 1.5, "in (0, 1]"),
+        ("fraction-evaluate", -0.1, "in [0, 1]"),
+        ("momentum", 1.0, "in [0, 1)"),
+        ("test-fraction", 0.0, "in (0, 1]"),
+        ("dataset", 3, "must be of type str"),
+    ],
+)
+def test_bad_values_name_the_key(key: str, value: object, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_mapping({key: value})
+    assert f"'{key}'" in str(err.value)
+    assert fragment in str(err.value)
+
+
+def test_unknown_key_is_rejected_with_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'local-epochs'"):
+        RunConfig.from_mapping({"local-epoch": 2})
+
+
+def test_unknown_keys_of_an_embedding_app_can_be_ignored() -> None:
+    cfg = RunConfig.from_mapping({"their-own-key": 1, "lr": 0.5}, allow_unknown=True)
+    assert cfg.lr == 0.5
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("strategy", "fedsgd"), ("partition", "zipf"), ("model", "resnet"), ("dataset", "cifar"),
+     ("fedgsp-growth", "cubic"), ("fedgsp-icg-leftover", "keep"), ("relay-message", "query"),
+     ("hierfl-policy", "best"), ("fesem-init", "random"), ("semifl-clusters", "by-size")],
+)
+def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{key}' must be one of .*got '{value}'"):
+        RunConfig.from_mapping({key: value})
+
+
+def test_default_and_hub_names_pass() -> None:
+    RunConfig.from_mapping({})
+    RunConfig.from_mapping({"dataset": "ylecun/mnist", "strategy": "fedprox"})
+    for name in ("fedgsp", "naivegsp", "naivegsp-icg", "fesem", "semifl"):
+        RunConfig.from_mapping({"strategy": name})
+
+
+def test_every_strategy_name_has_a_builder() -> None:
+    from fedgsp_flwr.app.config import STRATEGY_NAMES
+    from fedgsp_flwr.app.registry import STRATEGIES
+
+    assert list(STRATEGIES) == list(STRATEGY_NAMES)
+
+
+def test_fedgsp_family_is_built_from_the_run_config() -> None:
+    from fedgsp_flwr.app.registry import build_strategy
+
+    cfg = {"fedgsp-growth": "exp", "fedgsp-growth-alpha": 0.5, "fedgsp-growth-beta": 3,
+           "fedgsp-kappa": 0.5, "fedgsp-num-groups": 7, "local-epochs": 2}
+    fedgsp = build_strategy(RunConfig.from_mapping({**cfg, "strategy": "fedgsp"}))
+    assert (fedgsp.growth, fedgsp.alpha, fedgsp.beta, fedgsp.kappa) == ("exp", 0.5, 3, 0.5)
+    assert fedgsp.num_groups is None and fedgsp.grouping == "icg"
+    assert training_config(RunConfig.from_mapping(cfg))["local-epochs"] == 2  # the one route
+    naive = build_strategy(RunConfig.from_mapping({**cfg, "strategy": "naivegsp"}))
+    assert naive.num_groups == 7 and naive.grouping == "random"
+    naive_icg = build_strategy(RunConfig.from_mapping({"strategy": "naivegsp-icg"}))
+    assert naive_icg.num_groups == 1 and naive_icg.grouping == "icg"  # growth-beta
+
+
+def test_hierfl_is_built_from_the_run_config(tmp_path) -> None:
+    from fedgsp_flwr.app.registry import build_strategy
+
+    cfg = {"strategy": "hierfl", "hierfl-policy": "optimal", "hierfl-edges": 4,
+           "hierfl-reach": 3, "hierfl-tau1": 2, "hierfl-tau2": 5, "hierfl-time-limit": 3.0}
+    RunConfig.from_mapping(cfg)
+    hier = build_strategy(RunConfig.from_mapping(cfg))
+    assert (hier.policy, hier.num_edges, hier.reach_per_user) == ("optimal", 4, 3)
+    assert (hier.tau1, hier.tau2, hier.time_limit, hier.topology) == (2, 5, 3.0, None)
+    topology = tmp_path / "t.csv"
+    topology.write_text("user,edges\n0,0\n1,0;1\n")
+    hier = build_strategy(RunConfig.from_mapping({**cfg, "hierfl-topology": str(topology)}))
+    assert hier.topology.reach.shape == (2, 2)
+    with pytest.raises(ValueError, match="reach_per_user must be in"):
+        build_strategy(RunConfig.from_mapping({**cfg, "hierfl-reach": 5}))
+    with pytest.raises(ValueError, match="topology file"):
+        build_strategy(RunConfig.from_mapping({**cfg, "hierfl-topology": str(tmp_path / "x.json")}))
+
+
+def test_fesem_and_semifl_are_built_from_the_run_config(tmp_path) -> None:
+    from fedgsp_flwr.app.registry import build_strategy
+
+    from fedgsp_flwr.app.registry import RunContext
+
+    fesem_cfg = RunConfig.from_mapping(
+        {"strategy": "fesem", "fesem-k": 6, "fesem-init": "seeds",
+         "fesem-layers": "3.weight, 3.bias", "fraction-train": 0.2})
+    with pytest.raises(ValueError, match="centre_factory"):
+        build_strategy(fesem_cfg)
+
+    def factory(k: int) -> ArrayRecord:
+        return ArrayRecord()
+
+    fesem = build_strategy(fesem_cfg, RunContext({0: 1}, factory))
+    assert (fesem.k, fesem.init, fesem.layers) == (6, "seeds", ["3.weight", "3.bias"])
+    assert fesem.fraction_train == 0.2 and fesem.centre_factory is factory
+    assert fesem.ground_truth == {0: 1}
+    semifl = build_strategy(RunConfig.from_mapping(
+        {"strategy": "semifl", "semifl-clusters": "label-homogeneous", "semifl-cluster-size": 5,
+         "semifl-offset": 2, "semifl-shuffle": True, "local-epochs": 5}))
+    assert (semifl.source, semifl.cluster_size, semifl.offset) == ("label-homogeneous", 5, 2)
+    assert semifl.shuffle_order and not semifl.weighted_average
+    clusters = tmp_path / "clusters.json"
+    clusters.write_text('{"0": 1, "1": 0}')
+    cfg = RunConfig.from_mapping({"strategy": "semifl", "semifl-clusters": str(clusters),
+                                  "semifl-weighted": True})
+    from_file = build_strategy(cfg)
+    assert from_file.source == "file" and from_file.assignment == {0: 1, 1: 0}
+    assert from_file.weighted_average

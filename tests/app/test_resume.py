@@ -1,0 +1,115 @@
+"""Per-round checkpoints and ``resume-from``: a resumed run ends where an uninterrupted
+run of the same seed ends, for every strategy. The ServerApp and the app's ClientApp
+run in-process over a FakeGrid; the resumed run's nodes have other node ids (as after a
+restart), found again by their partition ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from fakegrid import FakeGrid
+from fedgsp_flwr.app import client_app, server_app
+from fedgsp_flwr.app.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from fedgsp_flwr.app.config import ConfigError, RunConfig
+from fedgsp_flwr.app.results import read_metrics
+
+NODES = 4
+BASE = {"dataset": "synthetic", "partition": "natural", "batch-size": 16, "lr": 0.1,
+        "min-available-nodes": NODES, "train-timeout": 60.0, "query-timeout": 60.0,
+        "seed": 7}
+STRATEGIES = {
+    "fedavg": {"fraction-train": 0.5},  # Flower samples with Python's random
+    "fedgsp": {"fedgsp-kappa": 0.5, "fedgsp-growth": "linear", "fedgsp-growth-alpha": 1.0},
+    "hierfl": {"hierfl-edges": 2, "hierfl-tau2": 1, "fraction-train": 0.5},
+    "stocfl": {"fraction-train": 0.75, "stocfl-tau": 0.3},
+    "fesem": {"fesem-k": 2, "fraction-train": 0.75},
+    "semifl": {"semifl-cluster-size": 2, "semifl-shuffle": True},
+}
+
+
+def grid_of(cfg: RunConfig, node_ids: list[int]) -> FakeGrid:
+    """Nodes running the app's ClientApp; node i holds partition i."""
+    handlers = {}
+    for partition, node in enumerate(node_ids):
+        context = Context(run_id=1, node_id=node, state=RecordDict(),
+                          node_config={"partition-id": partition, "num-partitions": NODES},
+                          run_config=cfg.to_mapping())
+        handlers[node] = lambda message, c=context: client_app.app(message, c)
+    return FakeGrid(handlers)
+
+
+def config(tmp_path: Path, strategy: str, rounds: int, name: str, **extra: object) -> RunConfig:
+    return RunConfig.from_mapping({**BASE, **STRATEGIES[strategy], "strategy": strategy,
+                                   "num-server-rounds": rounds, "run-name": name,
+                                   "results-dir": str(tmp_path), "data-dir": str(tmp_path / "data"),
+                                   **extra})
+
+
+def arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+CLOCK_WORDS = ("time", "seconds", "elapsed", "round-trip", "latency")
+
+
+def untimed(row: dict) -> dict:
+    """A round's metrics without the wall-clock ones."""
+    return {k: v for k, v in row.items() if not any(w in k for w in CLOCK_WORDS)}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path: Path,
+                                                              strategy: str) -> None:
+    first_ids = [11, 12, 13, 14]
+    full = server_app.run(grid_of(config(tmp_path, strategy, 3, "x"), first_ids),
+                          config(tmp_path, strategy, 3, "full"))
+    part = server_app.run(grid_of(config(tmp_path, strategy, 3, "x"), first_ids),
+                          config(tmp_path, strategy, 2, "part"))
+    assert load_checkpoint(part).round == 2
+    restarted_ids = [901, 902, 903, 904]  # other node ids: found again by partition id
+    resumed_cfg = config(tmp_path, strategy, 3, "ignored", **{"resume-from": str(part)})
+    resumed = server_app.run(grid_of(resumed_cfg, restarted_ids), resumed_cfg)
+    assert resumed == part, "a resumed run writes into the folder it resumes"
+    # the global model, and the cluster/centre models of the strategies that have them
+    for name in ("model.npz", "cluster-models.npz", "centres.npz"):
+        if (full / name).exists():
+            expected, got = arrays(full / name), arrays(part / name)
+            assert list(expected) == list(got), name
+            for key in expected:
+                np.testing.assert_array_equal(got[key], expected[key], err_msg=f"{name} {key}")
+    full_rounds, part_rounds = read_metrics(full)["rounds"], read_metrics(part)["rounds"]
+    assert [r["round"] for r in part_rounds] == [0, 1, 2, 3]
+    # every metric of every round: assignments, cluster sizes, losses, bytes, ...
+    assert [untimed(r) for r in part_rounds] == [untimed(r) for r in full_rounds]
+    assert load_checkpoint(part).round == 3 and read_metrics(part)["status"] == "complete"
+
+
+def test_each_round_leaves_a_checkpoint_with_the_strategy_state(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "stocfl", 2, "ckpt")
+    folder = server_app.run(grid_of(cfg, [5, 6, 7, 8]), cfg)
+    checkpoint = load_checkpoint(folder)
+    assert checkpoint.round == 2 and checkpoint.run_config == cfg.to_mapping()
+    assert set(checkpoint.partitions.values()) <= set(range(NODES))
+    assert checkpoint.strategy.arrays["clustering/gram"].ndim == 2
+    assert {"python", "numpy", "torch"} <= set(checkpoint.rng)
+    assert not list(folder.glob("*.tmp")) and (folder / CHECKPOINT_FILE).is_file()
+
+
+def test_resuming_with_a_changed_run_config_is_refused(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "fedavg", 1, "base")
+    folder = server_app.run(grid_of(cfg, [1, 2, 3, 4]), cfg)
+    changed = config(tmp_path, "fedavg", 3, "x", **{"resume-from": str(folder), "lr": 0.5})
+    with pytest.raises(ConfigError, match="'lr' \\(0.1 there, 0.5 here\\)"):
+        server_app.run(grid_of(changed, [1, 2, 3, 4]), changed)
+    done = config(tmp_path, "fedavg", 1, "x", **{"resume-from": str(folder)})
+    with pytest.raises(ConfigError, match="already has round 1"):
+        server_app.run(grid_of(done, [1, 2, 3, 4]), done)
+    missing = config(tmp_path, "fedavg", 2, "x", **{"resume-from": str(tmp_path / "nope")})
+    with pytest.raises(ConfigError, match="does not exist"):
+        server_app.run(grid_of(missing, [1, 2, 3, 4]), missing)

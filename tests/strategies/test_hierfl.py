@@ -1,0 +1,141 @@
+"""HierFL as a Flower strategy, driven through an in-process grid of real handlers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from fakegrid import FakeGrid
+from fedgsp_flwr.core.edge_assignment import POLICIES
+from fedgsp_flwr.data import ClientData
+from fedgsp_flwr.strategies.hierfl import HierFL
+from helpers import logistic, node_app, run_rounds
+
+CLASSES = 4
+
+
+def node_data(node: int) -> ClientData:
+    """Node i holds mostly class i mod 4, 20 + 5 * (i mod 3) examples."""
+    rng = np.random.default_rng(node)
+    n = 20 + 5 * (node % 3)
+    y = np.where(rng.random(n) < 0.8, node % CLASSES, rng.integers(0, CLASSES, n))
+    x = (rng.normal(size=(n, 6)) + np.eye(CLASSES, 6)[y] * 2).astype(np.float32)
+    return ClientData(x, y, x[:5], y[:5], CLASSES)
+
+
+model = logistic(6, CLASSES)
+
+
+def app_for(node: int, edges: str | None = None) -> object:
+    return node_app(node_data, node, model,
+                    node_config=None if edges is None else {"edges": edges})
+
+
+def start(strategy: HierFL, grid: FakeGrid, rounds: int, **config: object) -> object:
+    return run_rounds(strategy, grid, ArrayRecord(model().state_dict()), rounds,
+                      **{"lr": 0.5, **config})
+
+
+def pooled_gradient_descent(nodes: list[int], steps: int, lr: float) -> torch.nn.Module:
+    """The model after ``steps`` full-batch gradient steps on the nodes' pooled data."""
+    reference = model()
+    x = torch.from_numpy(np.concatenate([node_data(n).x_train for n in nodes]))
+    y = torch.from_numpy(np.concatenate([node_data(n).y_train for n in nodes]))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+    return reference
+
+
+@pytest.mark.parametrize("tau2", [1, 2])
+def test_edge_rounds_of_one_full_batch_step_are_pooled_gradient_descent(tau2: int) -> None:
+    # The paper's Lemma 1: tau1 = 1 full-batch step per user, weighting by examples
+    # and full participation: an edge round is one full-batch step on the pooled data
+    # (users hold 20, 25 or 30 examples, so uniform weights would differ).
+    nodes = list(range(6))
+    grid = FakeGrid({n: app_for(n) for n in nodes})
+    strategy = HierFL(num_edges=1, reach_per_user=1, tau1=1, tau2=tau2,
+                      fraction_evaluate=0.0, min_available_nodes=6)
+    result = start(strategy, grid, 1, **{"batch-size": 10**6})
+    expected = pooled_gradient_descent(nodes, tau2, lr=0.5).state_dict()
+    for name, value in result.arrays.to_torch_state_dict().items():
+        np.testing.assert_allclose(value.numpy(), expected[name].numpy(), atol=1e-5)
+    assert strategy.history[1]["user-edge-messages"] == 6 * tau2
+    assert strategy.history[1]["edge-rounds"] == tau2
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_trains_and_respects_reachability(policy: str) -> None:
+    nodes = list(range(12))
+    grid = FakeGrid({n: app_for(n) for n in nodes})
+    strategy = HierFL(policy=policy, num_edges=3, reach_per_user=2, tau2=2, time_limit=5,
+                      fraction_evaluate=0.0, min_available_nodes=12)
+    start(strategy, grid, 1)
+    problem, _ = strategy.problem_for(strategy.users)
+    x = np.array([strategy.edge_of[u] for u in strategy.users])
+    assert problem.reach[x, np.arange(12)].all()
+    entry = strategy.history[1]
+    assert entry["edges-trained"] >= 1 and entry["train-replies"] == 24
+    assert entry["assignment-objective"] <= entry["original-objective"] + 1e-12 or (
+        policy == "random")
+
+
+def test_a_node_that_leaves_is_reassigned_and_one_that_returns_is_asked_again() -> None:
+    nodes = list(range(9))
+    grid = FakeGrid({n: app_for(n) for n in nodes})
+    strategy = HierFL(num_edges=3, reach_per_user=3, fraction_evaluate=0.0,
+                      min_available_nodes=8)
+    start(strategy, grid, 1)
+    assert set(strategy.edge_of) == set(nodes)
+    gone = grid.handlers.pop(4)
+    start(strategy, grid, 1)
+    assert set(strategy.edge_of) == set(nodes) - {4} and 4 not in strategy.known.histograms
+    grid.handlers[4] = gone
+    before = sum(1 for _, node, kind, _ in grid.pushed if node == 4 and kind == "query.histogram")
+    start(strategy, grid, 1)
+    after = sum(1 for _, node, kind, _ in grid.pushed if node == 4 and kind == "query.histogram")
+    assert after == before + 1 and 4 in strategy.edge_of
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError, match="policy must be one of"):
+        HierFL(policy="best")
+    with pytest.raises(ValueError, match="reach_per_user"):
+        HierFL(num_edges=2, reach_per_user=3)
+    with pytest.raises(ValueError, match="tau1 and tau2"):
+        HierFL(tau2=0)
+
+
+def test_edges_stated_in_the_node_config_are_the_nodes_reach() -> None:
+    stated = {n: ("0" if n % 2 else "1,2") for n in range(8)}
+    grid = FakeGrid({n: app_for(n, stated[n]) for n in range(8)})
+    strategy = HierFL(num_edges=3, reach_per_user=3, fraction_evaluate=0.0,
+                      min_available_nodes=8)
+    start(strategy, grid, 1)
+    assert strategy.known.edges == {n: ([0] if n % 2 else [1, 2]) for n in range(8)}
+    for node, edge in strategy.edge_of.items():
+        assert edge == 0 if node % 2 else edge in (1, 2)
+
+
+def test_a_silent_user_is_left_out_and_reassigned_when_it_answers_again() -> None:
+    nodes = list(range(8))
+    grid = FakeGrid({n: app_for(n) for n in nodes})
+    alive = {"yes": True}
+    answer = grid.handlers[5]
+    grid.handlers[5] = lambda message: answer(message) if alive["yes"] else None
+    strategy = HierFL(policy="greedy", num_edges=2, reach_per_user=2, tau2=1, seed=0,
+                      fraction_evaluate=0.0, train_timeout=0.5, query_timeout=0.3)
+    start(strategy, grid, 1)
+    alive["yes"] = False
+    start(strategy, grid, 2)
+    assert strategy.history[1]["train-replies"] == 7  # its reply never came
+    assert 5 not in strategy.edge_of and strategy.history[2]["user-edge-messages"] == 7
+    alive["yes"] = True
+    start(strategy, grid, 1)
+    assert 5 in strategy.edge_of and strategy.history[1]["train-replies"] == 8
+    queries = [n for _, n, t, _ in grid.pushed if t == "query.histogram"]
+    assert queries.count(5) == 3 and queries.count(0) == 1

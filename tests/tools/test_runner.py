@@ -1,0 +1,111 @@
+"""The experiment runner's summary, on hand-written results folders (no simulation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import simulation
+
+
+def write_run(root: Path, label: str, seed: int, accs: list[float],
+              traffic: int | None) -> None:
+    folder = root / "runs" / simulation.run_name(label, seed)
+    folder.mkdir(parents=True)
+    rounds = [{"round": r, "central-acc": a} for r, a in enumerate(accs)]
+    if traffic is not None:
+        for entry in rounds[1:]:
+            entry.update({"bytes-sent": traffic, "bytes-received": 2 * traffic})
+    folder.joinpath("metrics.json").write_text(json.dumps({
+        "status": "complete", "rounds": rounds,
+        "summary": {"final-central-acc": accs[-1], "wall-time": 10.0}}))
+
+
+def experiment(tmp_path: Path, extra: str) -> simulation.Experiment:
+    spec = tmp_path / "e.toml"
+    spec.write_text(f'name = "e"\nseeds = [0, 1]\n{extra}\n'
+                    '[strategies.base]\nstrategy = "fedavg"\n'
+                    '[strategies.fast]\nstrategy = "fedgsp"\n')
+    return simulation.Experiment.load(spec)
+
+
+def test_summary_reports_rounds_to_the_reference_accuracy_and_bytes(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, 'reference = "base"\ntarget-accuracy = 0.5')
+    write_run(tmp_path, "base", 0, [0.1, 0.4, 0.6, 0.7], traffic=None)
+    write_run(tmp_path, "base", 1, [0.1, 0.5, 0.6, 0.5], traffic=None)
+    write_run(tmp_path, "fast", 0, [0.1, 0.7, 0.8, 0.9], traffic=100)
+    write_run(tmp_path, "fast", 1, [0.1, 0.5, 0.65, 0.8], traffic=100)
+    rows = {row["strategy"]: row for row in simulation.summarize(exp, tmp_path)}
+    # The reference is base's mean final accuracy, 0.6.
+    assert rows["base"]["rounds-to-reference"] == pytest.approx(2.0)
+    assert rows["fast"]["rounds-to-reference"] == pytest.approx(1.5)
+    assert rows["fast"]["rounds-to-target"] == pytest.approx(1.0)
+    assert rows["fast"]["train-bytes-mean"] == 3 * 300
+    assert rows["base"]["train-bytes-mean"] is None
+    assert rows["fast"]["final-acc-mean"] == pytest.approx(0.85)
+
+
+def test_a_seed_that_never_reaches_the_reference_is_counted(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, 'reference = "base"')
+    write_run(tmp_path, "base", 0, [0.1, 0.9], traffic=None)
+    write_run(tmp_path, "base", 1, [0.1, 0.9], traffic=None)
+    write_run(tmp_path, "fast", 0, [0.1, 0.95], traffic=None)
+    write_run(tmp_path, "fast", 1, [0.1, 0.3], traffic=None)
+    fast = simulation.summarize(exp, tmp_path)[1]
+    assert fast["rounds-to-reference"] is None and fast["seeds-reaching-reference"] == 1
+
+
+def test_the_reference_must_be_a_compared_strategy(tmp_path: Path) -> None:
+    with pytest.raises(simulation.ConfigError, match="reference 'fedprox'"):
+        experiment(tmp_path, 'reference = "fedprox"')
+
+
+def test_a_client_metric_is_compared_and_reported_metrics_summarised(tmp_path: Path) -> None:
+    spec = tmp_path / "e.toml"
+    spec.write_text('name = "e"\nseeds = [0, 1]\nmetric = "eval-acc"\nreport = ["ari"]\n'
+                    'reference = "base"\n'
+                    '[strategies.base]\nstrategy = "fedavg"\n'
+                    '[strategies.clustered]\nstrategy = "stocfl"\nnum-supernodes = 7\n')
+    exp = simulation.Experiment.load(spec)
+    assert exp.supernodes_of("clustered") == 7 and exp.supernodes_of("base") == 10
+    assert "num-supernodes" not in exp.run_config_of("clustered", 0, tmp_path)
+    for label, seed, evals, aris in (
+            ("base", 0, [0.5, 0.6], None), ("base", 1, [0.5, 0.6], None),
+            ("clustered", 0, [0.55, 0.9], [0.5, 1.0]),
+            ("clustered", 1, [0.7, 0.8], [1.0, 1.0])):
+        write_run(tmp_path, label, seed, [0.1, 0.2, 0.3], traffic=None)
+        path = tmp_path / "runs" / simulation.run_name(label, seed) / "metrics.json"
+        metrics = json.loads(path.read_text())
+        for r, row in enumerate(metrics["rounds"][1:]):  # round 0 has no client metric
+            row["eval-acc"] = evals[r]
+            if aris:
+                row["ari"] = aris[r]
+        path.write_text(json.dumps(metrics))
+    rows = {row["strategy"]: row for row in simulation.summarize(exp, tmp_path)}
+    assert rows["clustered"]["final-acc-mean"] == pytest.approx(0.85)
+    assert rows["base"]["final-acc-mean"] == pytest.approx(0.6)
+    # base's final 0.6: reached at round 2 by seed 0 (0.9) and round 1 by seed 1 (0.7)
+    assert rows["clustered"]["rounds-to-reference"] == pytest.approx(1.5)
+    assert rows["clustered"]["ari"] == pytest.approx(1.0) and rows["base"]["ari"] is None
+    assert simulation.curves(exp, tmp_path, "clustered", "ari") == ([1, 2], [[0.5, 1.0],
+                                                                          [1.0, 1.0]])
+    simulation.write_comparison(exp, tmp_path)
+    assert (tmp_path / "comparison.png").exists()
+    assert (tmp_path / "comparison-ari.png").exists()
+
+
+def test_an_interrupted_run_is_resumed_from_its_checkpoint(tmp_path: Path) -> None:
+    import numpy as np
+
+    from fedgsp_flwr.app.checkpoint import Checkpoint, StrategyState, save_checkpoint
+
+    folder = tmp_path / "run"
+    assert not simulation.resumable(folder, 5)  # nothing there: start afresh
+    save_checkpoint(folder, Checkpoint(3, {"w": np.zeros(2, np.float32)}, StrategyState(),
+                                       {"python": [3, [0], None]}, {"seed": 1}))
+    assert simulation.resumable(folder, 5)
+    assert not simulation.resumable(folder, 3)  # every round done: nothing to resume
+    (folder / "checkpoint.npz").write_bytes(b"damaged")
+    assert not simulation.resumable(folder, 5)
