@@ -125,7 +125,6 @@ class CentralEvaluator:
         self.recorder.add_round(row)
         if server_round > 0:
             self.recorder.write_files(self.strategy.artifacts(final=False))
-        if server_round > 0:
             self.checkpoint(server_round, arrays)
         log(
             INFO,
