@@ -11,8 +11,8 @@ Node ids change from run to run (the simulation engine draws them; a restarted
 SuperNode gets a new one). A checkpoint therefore keeps each node's reported
 ``partition-id``; on resume the nodes are asked again (``query.histogram``) and the
 state of an old node is handed to the new node of the same partition. Strategies save
-and restore their state through
-:class:`~fedgsp_flwr.strategies.state.Checkpointable`.
+and restore their state through ``checkpoint_state`` and ``restore_state``
+(:class:`~fedgsp_flwr.strategies.FedAvg` and its subclasses).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord
-from flwr.serverapp.strategy import Strategy
 
 from ..core.edge_assignment import load_topology
 from ..strategies import FedAvg, FedGSP, FedProx, FeSEM, HierFL, SemiFL, StoCFL
@@ -58,7 +57,7 @@ def relay_kwargs(cfg: RunConfig) -> dict[str, Any]:
             "relay_message_type": cfg.relay_message, "seed": cfg.seed}
 
 
-def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool, run: RunContext) -> Strategy:
+def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool, run: RunContext) -> FedAvg:
     kwargs = sampling_kwargs(cfg)
     del kwargs["fraction_train"]  # FedGSP samples groups with kappa instead
     return FedGSP(
@@ -77,7 +76,7 @@ def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool, run: RunContext) 
     )
 
 
-def _hierfl(cfg: RunConfig, run: RunContext) -> Strategy:
+def _hierfl(cfg: RunConfig, run: RunContext) -> FedAvg:
     return HierFL(
         policy=cfg.hierfl_policy,
         num_edges=cfg.hierfl_edges,
@@ -92,7 +91,7 @@ def _hierfl(cfg: RunConfig, run: RunContext) -> Strategy:
     )
 
 
-def _stocfl(cfg: RunConfig, run: RunContext) -> Strategy:
+def _stocfl(cfg: RunConfig, run: RunContext) -> FedAvg:
     return StoCFL(
         tau=cfg.stocfl_tau,
         lambda_=cfg.stocfl_lambda,
@@ -109,7 +108,7 @@ def _stocfl(cfg: RunConfig, run: RunContext) -> Strategy:
     )
 
 
-def _fesem(cfg: RunConfig, run: RunContext) -> Strategy:
+def _fesem(cfg: RunConfig, run: RunContext) -> FedAvg:
     return FeSEM(
         k=cfg.fesem_k,
         init=cfg.fesem_init,
@@ -123,7 +122,7 @@ def _fesem(cfg: RunConfig, run: RunContext) -> Strategy:
     )
 
 
-def _semifl(cfg: RunConfig, run: RunContext) -> Strategy:
+def _semifl(cfg: RunConfig, run: RunContext) -> FedAvg:
     kwargs = sampling_kwargs(cfg)
     del kwargs["fraction_train"]  # every cluster trains every round
     rule = cfg.semifl_clusters
@@ -140,7 +139,7 @@ def _semifl(cfg: RunConfig, run: RunContext) -> Strategy:
     )
 
 
-STRATEGIES: dict[str, Callable[[RunConfig, RunContext], Strategy]] = {
+STRATEGIES: dict[str, Callable[[RunConfig, RunContext], FedAvg]] = {
     "fedavg": lambda cfg, run: FedAvg(**sampling_kwargs(cfg)),
     "fedprox": lambda cfg, run: FedProx(proximal_mu=cfg.fedprox_mu, **sampling_kwargs(cfg)),
     "fedgsp": lambda cfg, run: _fedgsp(cfg, "icg", False, run),
@@ -153,7 +152,7 @@ STRATEGIES: dict[str, Callable[[RunConfig, RunContext], Strategy]] = {
 }
 
 
-def build_strategy(cfg: RunConfig, run: RunContext | None = None) -> Strategy:
+def build_strategy(cfg: RunConfig, run: RunContext | None = None) -> FedAvg:
     """Build the strategy named by ``cfg.strategy`` (one of
     :data:`~fedgsp_flwr.app.config.STRATEGY_NAMES`, checked when ``cfg`` was parsed).
     """

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 from logging import INFO
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -256,11 +256,11 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
         cfg.partition, num_nodes, min(sizes), max(sizes))
     model_name = resolve_model_name(cfg.model, bundle.input_shape)
     model = build_model(model_name, bundle.input_shape, bundle.num_classes, cfg.seed)
-    strategy = cast(FedAvg, build_strategy(cfg, RunContext(
+    strategy = build_strategy(cfg, RunContext(
         ground_truth={p.partition_id: p.latent_group for p in parts},
         centre_factory=lambda k: ArrayRecord(build_model(
             model_name, bundle.input_shape, bundle.num_classes, cfg.seed + k).state_dict()),
-    )))
+    ))
     metadata = run_metadata(cfg, num_nodes, model_name)
     if checkpoint is None:
         folder, done, previous = results_folder(cfg), 0, []

@@ -92,7 +92,7 @@ class FedAvg(FlowerFedAvg):
         self._sent_arrays: ArrayRecord | None = None
         self._sent_at: dict[str, float] = {}
 
-    # --- checkpoint (see fedgsp_flwr.strategies.state.Checkpointable) ------------------
+    # --- checkpoint (written and read by fedgsp_flwr.app.checkpoint) -------------------
 
     def checkpoint_state(self) -> StrategyState:
         """The state to save after a round: what is known of the nodes."""

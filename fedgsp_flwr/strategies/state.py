@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -43,22 +43,6 @@ class StrategyState:
     def part(self, prefix: str) -> StrategyState:
         """The state added with :meth:`merge` under ``prefix``."""
         return StrategyState(dict(self.meta.get(prefix, {})), under(self.arrays, prefix))
-
-
-@runtime_checkable
-class Checkpointable(Protocol):
-    """What a strategy whose state survives a restart provides (every strategy here
-    does; a strategy of another library has no state beyond the model).
-    """
-
-    def checkpoint_state(self) -> StrategyState:
-        """The state to save after a round."""
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back a saved state, with node ids translated by ``node_map``."""
-
-    def node_partitions(self) -> dict[int, int]:
-        """The ``partition-id`` each known node reported (to translate node ids)."""
 
 
 def generator_state(rng: np.random.Generator) -> dict[str, Any]:
