@@ -238,8 +238,9 @@ def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
                     timeout=exp.timeout,
                 )
                 if not outcome.ok:
-                    failures.append(f"{run_name(label, seed)}: {outcome.status} "
-                                    f"(log: {outcome.log_path})")
+                    failures.append(f"{run_name(label, seed)}: {outcome.status}: "
+                                    f"{outcome.cause()} (log: {outcome.log_path})")
+                    bar.write(f"{failures[-1]}", file=sys.stderr)
         shutil.rmtree(home, ignore_errors=True)
     write_comparison(exp, root)
     if failures:

@@ -4,7 +4,9 @@ handlers, and a strategy's rounds on a fake grid.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,3 +96,19 @@ def run_rounds(strategy: Any, grid: Any, initial: ArrayRecord, rounds: int,
     return strategy.start(grid, initial, num_rounds=rounds, timeout=30,
                           train_config=ConfigRecord(train_config),
                           evaluate_config=ConfigRecord())
+
+
+QUICKSTART = Path(__file__).resolve().parent / "quickstart"
+
+
+def quickstart_app(folder: Path, hooks: bool = False) -> Path:
+    """A copy of the quickstart-shaped test app in ``folder``; with ``hooks``, its
+    ClientApp is the one with our hooks registered (``app_with_hooks``).
+    """
+    app = folder / ("quickstart-hooks" if hooks else "quickstart")
+    shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
+    if hooks:
+        pyproject = app / "pyproject.toml"
+        pyproject.write_text(pyproject.read_text().replace(
+            'client_app:app"', 'client_app:app_with_hooks"'))
+    return app

@@ -1,8 +1,13 @@
-"""A plain Flower ClientApp, as in Flower's PyTorch quickstart: only ``@app.train()``
-and ``@app.evaluate()``, its own model, data and training loop, nothing of ours.
+"""A plain Flower ClientApp shaped like Flower's quickstart-pytorch: only ``@app.train()``
+and ``@app.evaluate()``, its own model, data and training loop, its own metric names
+(``train_loss``, ``eval_loss``, ``eval_acc``), ``lr`` read from the message config only,
+nothing of ours.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,35 +36,48 @@ def load_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def make_app() -> ClientApp:
-    """A fresh ClientApp (each test registers its own handlers on it)."""
+def make_app(seen: list[tuple[str, dict[str, Any]]] | None = None,
+             fail: Callable[[Message], str | None] = lambda _msg: None) -> ClientApp:
+    """A fresh ClientApp (each test registers its own handlers on it).
+
+    ``seen`` receives (message type, config) of every message the app handles;
+    ``fail`` returns an error text for the train messages the app must fail (raised
+    as the app's own exception), ``None`` for the others.
+    """
     app = ClientApp()
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
+        config = dict(msg.content["config"])
+        if seen is not None:
+            seen.append((msg.metadata.message_type, config))
+        if (error := fail(msg)) is not None:
+            raise RuntimeError(error)
         model = Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         x, y = load_partition(int(context.node_config["partition-id"]))
-        optimizer = torch.optim.SGD(model.parameters(), lr=float(msg.content["config"]["lr"]))
+        optimizer = torch.optim.SGD(model.parameters(), lr=float(config["lr"]))
         loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)),
                                                  torch.from_numpy(y))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        metrics = MetricRecord({"train-loss": loss.item(), "num-examples": len(y)})
+        metrics = MetricRecord({"train_loss": loss.item(), "num-examples": len(y)})
         content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
         return Message(content=content, reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
+        if seen is not None:
+            seen.append((msg.metadata.message_type, dict(msg.content["config"])))
         model = Net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         x, y = load_partition(int(context.node_config["partition-id"]))
         with torch.no_grad():
             logits = model(torch.from_numpy(x))
         metrics = MetricRecord({
-            "eval-loss": float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))),
-            "eval-acc": float((logits.argmax(1).numpy() == y).mean()),
+            "eval_loss": float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))),
+            "eval_acc": float((logits.argmax(1).numpy() == y).mean()),
             "num-examples": len(y)})
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 

@@ -26,7 +26,7 @@ from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..strategies.fesem import NEW_CLIENTS
 from ..strategies.semifl import CLUSTER_SOURCES
-from ..strategies.sequential import RELAY_MESSAGE_TYPES
+from ..strategies.sequential import relay_message_type_problem
 
 # The strategies the app builds by name (fedgsp_flwr.app.registry maps each to a
 # constructor); ``centralized`` is the experiment runner's baseline, not a strategy.
@@ -161,8 +161,9 @@ class RunConfig:
         True, "rearrange ICG's one-per-cluster draw to equalise group distributions "
         "(false = the paper's random draw)")
     relay_message: str = _setting(
-        "train.relay", "message type of relay hops (train: any ClientApp)",
-        choices=RELAY_MESSAGE_TYPES)
+        "train", "message type of relay hops (train: any ClientApp's train handler; a "
+        "node without a train.<name> handler gets train)",
+        lambda v: relay_message_type_problem(v) is None, "'train' or 'train.<identifier>'")
     query_timeout: float = _setting(
         600.0, "seconds to wait for the replies to a query (histogram, sketch)",
         _positive, "> 0")
@@ -228,6 +229,9 @@ class RunConfig:
     train_timeout: float = _setting(
         3600.0, "seconds to wait for the replies to training or evaluation messages (a "
         "round, an edge round, a relay hop)", _positive, "> 0")
+    max_untrained_rounds: int = _setting(
+        3, "rounds in a row that train nothing before the run stops with their cause",
+        _positive, "> 0")
     data_dir: str = _setting(
         "", "dataset cache directory ('' = $FEDGSP_DATA_DIR or ~/.cache/fedgsp-flwr)"
     )

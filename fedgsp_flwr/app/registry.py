@@ -35,9 +35,12 @@ class RunContext:
     centre_factory: Callable[[int], ArrayRecord] | None = None
 
 
-def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """Flower's FedAvg sampling parameters from the run config."""
+def common_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Every strategy's FedAvg parameters (node sampling, the stop rule) from the run
+    config.
+    """
     return {
+        "max_untrained_rounds": cfg.max_untrained_rounds,
         "fraction_train": cfg.fraction_train,
         "fraction_evaluate": cfg.fraction_evaluate,
         "min_available_nodes": cfg.min_available_nodes,
@@ -58,7 +61,7 @@ def relay_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool, run: RunContext) -> FedAvg:
-    kwargs = sampling_kwargs(cfg)
+    kwargs = common_kwargs(cfg)
     del kwargs["fraction_train"]  # FedGSP samples groups with kappa instead
     return FedGSP(
         growth=cfg.fedgsp_growth,
@@ -87,7 +90,7 @@ def _hierfl(cfg: RunConfig, run: RunContext) -> FedAvg:
         time_limit=cfg.hierfl_time_limit,
         **timeout_kwargs(cfg),
         seed=cfg.seed,
-        **sampling_kwargs(cfg),
+        **common_kwargs(cfg),
     )
 
 
@@ -104,7 +107,7 @@ def _stocfl(cfg: RunConfig, run: RunContext) -> FedAvg:
         ground_truth=run.ground_truth,
         **timeout_kwargs(cfg),
         seed=cfg.seed,
-        **sampling_kwargs(cfg),
+        **common_kwargs(cfg),
     )
 
 
@@ -118,12 +121,12 @@ def _fesem(cfg: RunConfig, run: RunContext) -> FedAvg:
         ground_truth=run.ground_truth,
         **timeout_kwargs(cfg),
         seed=cfg.seed,
-        **sampling_kwargs(cfg),
+        **common_kwargs(cfg),
     )
 
 
 def _semifl(cfg: RunConfig, run: RunContext) -> FedAvg:
-    kwargs = sampling_kwargs(cfg)
+    kwargs = common_kwargs(cfg)
     del kwargs["fraction_train"]  # every cluster trains every round
     rule = cfg.semifl_clusters
     is_file = rule not in CLUSTER_SOURCES
@@ -140,8 +143,8 @@ def _semifl(cfg: RunConfig, run: RunContext) -> FedAvg:
 
 
 STRATEGIES: dict[str, Callable[[RunConfig, RunContext], FedAvg]] = {
-    "fedavg": lambda cfg, run: FedAvg(**sampling_kwargs(cfg)),
-    "fedprox": lambda cfg, run: FedProx(proximal_mu=cfg.fedprox_mu, **sampling_kwargs(cfg)),
+    "fedavg": lambda cfg, run: FedAvg(**common_kwargs(cfg)),
+    "fedprox": lambda cfg, run: FedProx(proximal_mu=cfg.fedprox_mu, **common_kwargs(cfg)),
     "fedgsp": lambda cfg, run: _fedgsp(cfg, "icg", False, run),
     "naivegsp": lambda cfg, run: _fedgsp(cfg, "random", True, run),
     "naivegsp-icg": lambda cfg, run: _fedgsp(cfg, "icg", True, run),

@@ -4,7 +4,8 @@ One folder per run::
 
     <results-dir>/<run-name>/
         config.json     the exact run config and the environment
-        metrics.json    {"status": "running"|"complete", "rounds": [...], "summary": {}}
+        metrics.json    {"status": "running"|"complete"|"failed", "rounds": [...],
+                         "summary": {} (a failed run's: {"error": "<why>"})}
         metrics.csv     one row per round
         accuracy.png    central test accuracy and loss per round
         model.npz       the final global model
@@ -28,6 +29,7 @@ import numpy as np
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
+STATUS_FAILED = "failed"
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -92,6 +94,11 @@ class RunRecorder:
         write_atomic(self.folder / "model.npz", buffer.getvalue())
         plot_rounds(self.rounds, self.folder / "accuracy.png", title=self.folder.name)
         self._write(STATUS_COMPLETE)
+
+    def fail(self, cause: str) -> None:
+        """Mark the run failed, with its cause (its rounds and checkpoint stay)."""
+        self.summary = {"error": cause}
+        self._write(STATUS_FAILED)
 
     def _write(self, status: str) -> None:
         payload = {"status": status, "rounds": self.rounds, "summary": self.summary}

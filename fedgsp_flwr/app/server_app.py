@@ -6,7 +6,7 @@ import platform
 import random
 import time
 from datetime import UTC, datetime
-from logging import INFO
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,15 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run the strategy of the run config and write the run's results folder."""
-    run(grid, RunConfig.from_mapping(context.run_config))  # parsed and checked once
+    """Run the strategy of the run config and write the run's results folder.
+
+    A run that fails logs its cause as the last ERROR line before Flower's traceback.
+    """
+    try:
+        run(grid, RunConfig.from_mapping(context.run_config))  # parsed and checked once
+    except Exception as err:
+        log(ERROR, "The run failed: %s: %s", type(err).__name__, err)
+        raise
 
 
 def wait_for_nodes(grid: Grid, minimum: int, poll_seconds: float = 1.0) -> int:
@@ -278,15 +285,19 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     )
     if checkpoint is not None:
         restore_global_rngs(checkpoint.rng)  # last: as they were after round `done`
-    result = (strategy if not done else ResumedRounds(strategy, done)).start(
-        grid=grid,
-        initial_arrays=initial_arrays,
-        num_rounds=cfg.num_server_rounds - done,
-        timeout=cfg.train_timeout,
-        train_config=training_config(cfg),
-        evaluate_config=ConfigRecord(),
-        evaluate_fn=evaluator,
-    )
+    try:
+        result = (strategy if not done else ResumedRounds(strategy, done)).start(
+            grid=grid,
+            initial_arrays=initial_arrays,
+            num_rounds=cfg.num_server_rounds - done,
+            timeout=cfg.train_timeout,
+            train_config=training_config(cfg),
+            evaluate_config=ConfigRecord(),
+            evaluate_fn=evaluator,
+        )
+    except Exception as err:
+        recorder.fail(f"{type(err).__name__}: {err}")  # the rounds and checkpoint stay
+        raise
     last = recorder.rounds[-1]
     recorder.write_files(strategy.artifacts(final=True))
     recorder.finish(

@@ -2,12 +2,13 @@
 
 Message types and contents (record keys are constants of this module):
 
-``train`` / ``train.relay``
+``train``
     in: ``arrays`` (model), ``config`` (``lr``, ``local-epochs`` or ``local-steps``,
     ``batch-size``, ``momentum``, ``proximal-mu``, ``server-round``; relay hops add
-    ``relay-group`` and
-    ``relay-hop``). out: ``arrays`` (trained model), ``metrics`` (``train-loss``,
-    ``num-examples``; relay hops echo ``relay-group`` and ``relay-hop``).
+    ``relay-group`` and ``relay-hop``, which seed the hop's training). out: ``arrays``
+    (trained model), ``metrics`` (``train-loss``, ``num-examples``). Relay hops
+    (FedGSP, Semi-FL) are plain ``train`` messages: any ClientApp's train handler
+    answers them.
 ``evaluate``
     in: ``arrays``. out: ``metrics`` (``eval-loss``, ``eval-acc``, ``num-examples``).
 ``query.histogram``
@@ -67,16 +68,21 @@ HISTOGRAM_KEY = "histogram"
 SKETCH_KEY = "sketch"
 GLOBAL_KEY = "global"
 CLUSTER_KEY = "cluster"
-HANDLERS = ("train", "evaluate", "histogram", "sketch", "relay", "bilevel")
-HOOK_HANDLERS = ("histogram", "sketch", "relay", "bilevel")
+HANDLERS = ("train", "evaluate", "histogram", "sketch", "bilevel")
+HOOK_HANDLERS = ("histogram", "sketch", "bilevel")
 MESSAGE_TYPES = {
     "train": ("train", "default"),
     "evaluate": ("evaluate", "default"),
     "histogram": ("query", "histogram"),
     "sketch": ("query", "sketch"),
-    "relay": ("train", "relay"),
     "bilevel": ("train", "bilevel"),
 }
+# A DataLoader's dict batches: the label under one of these keys.
+LABEL_KEYS = ("label", "labels", "y", "target", "targets", "character", "fine_label")
+DataSource = Any
+"""What ``ClientHooks.load_data`` returns: :class:`~fedgsp_flwr.data.ClientData`,
+``(x, y)`` arrays, ``(x_train, y_train, x_test, y_test)``, a torch ``DataLoader``, or a
+``(train_loader, test_loader)`` pair."""
 
 
 @dataclass(frozen=True)
@@ -136,17 +142,106 @@ class ClientHooks:
 
     Attributes
     ----------
-    load_data : Callable[[Context], ClientData]
-        Returns this node's data (called per message; cache inside it if it is slow).
+    load_data : Callable[[Context], DataSource]
+        Returns this node's data (called per message; cache inside it if it is slow):
+        a :class:`~fedgsp_flwr.data.ClientData`, ``(x, y)`` numpy arrays or tensors,
+        ``(x_train, y_train, x_test, y_test)``, a torch ``DataLoader`` of ``(x, y)``
+        batches or of dict batches with a label key (``label``, ``labels``, ``y``,
+        ...) and one feature key, or a ``(train_loader, test_loader)`` pair (what
+        Flower's quickstart's ``load_data`` returns). Loaders are read once per call.
     build_model : Callable[[Context, ClientData], torch.nn.Module]
-        Returns a model whose ``state_dict`` keys and shapes match the server's arrays.
+        Returns a model whose ``state_dict`` keys and shapes match the server's arrays
+        (an app's ``lambda *_: Net()`` will do).
     defaults : Callable[[Context], TrainSettings]
         Training settings used where a message's config does not set them.
+    num_classes : int | None
+        Length of the class histograms; ``None`` takes the width of the model's
+        output (needed only when ``load_data`` does not return ``ClientData``).
     """
 
-    load_data: Callable[[Context], ClientData]
+    load_data: Callable[[Context], DataSource]
     build_model: Callable[[Context, ClientData], torch.nn.Module]
     defaults: Callable[[Context], TrainSettings] = lambda _context: TrainSettings()
+    num_classes: int | None = None
+
+    def client_data(self, context: Context) -> ClientData:
+        """This node's data as :class:`~fedgsp_flwr.data.ClientData`.
+
+        Raises
+        ------
+        ValueError
+            If ``load_data`` returns something else than the forms listed above.
+        """
+        source = self.load_data(context)
+        if isinstance(source, ClientData):
+            return source
+        x_train, y_train, x_test, y_test = _arrays_of(source)
+        data = ClientData(x_train, y_train, x_test, y_test, self.num_classes or 0)
+        if self.num_classes is None:
+            data = ClientData(x_train, y_train, x_test, y_test, _output_width(
+                self.build_model(context, data), x_train))
+        return data
+
+
+def _arrays_of(source: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test) from the forms ``ClientHooks.load_data`` takes."""
+    if isinstance(source, (tuple, list)) and len(source) in (2, 4) and all(
+            _is_array(a) for a in source):
+        parts = [_numpy(a) for a in source]
+        return (parts[0], parts[1], parts[0][:0], parts[1][:0]) if len(parts) == 2 else (
+            parts[0], parts[1], parts[2], parts[3])
+    if isinstance(source, (tuple, list)) and len(source) == 2 and all(
+            _is_loader(a) for a in source):
+        return (*_read_loader(source[0]), *_read_loader(source[1]))
+    if _is_loader(source):
+        x, y = _read_loader(source)
+        return x, y, x[:0], y[:0]
+    raise ValueError(
+        f"ClientHooks.load_data returned {type(source).__name__}; return ClientData, "
+        "(x, y) arrays, (x_train, y_train, x_test, y_test), a DataLoader or a "
+        "(train_loader, test_loader) pair")
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _is_loader(value: Any) -> bool:
+    return hasattr(value, "__iter__") and hasattr(value, "dataset") and not _is_array(value)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+
+
+def _read_loader(loader: Any) -> tuple[np.ndarray, np.ndarray]:
+    """All (x, y) of a DataLoader, batches of (x, y) or of dicts with a label key."""
+    xs, ys = [], []
+    for batch in loader:
+        if isinstance(batch, dict):
+            label = next((k for k in LABEL_KEYS if k in batch), None)
+            features = [k for k in batch if k != label and _is_array(batch[k])]
+            if label is None or len(features) != 1:
+                raise ValueError(
+                    f"a DataLoader batch has keys {sorted(batch)}: need one label key "
+                    f"(one of {', '.join(LABEL_KEYS)}) and one feature tensor")
+            x, y = batch[features[0]], batch[label]
+        else:
+            x, y = batch[0], batch[1]
+        xs.append(_numpy(x))
+        ys.append(_numpy(y))
+    if not xs:
+        raise ValueError("the DataLoader yielded no batch")
+    return (np.concatenate(xs).astype(np.float32, copy=False),
+            np.concatenate(ys).astype(np.int64, copy=False))
+
+
+def _output_width(model: torch.nn.Module, x: np.ndarray) -> int:
+    """The number of classes a model predicts: the width of its output for one example."""
+    import torch
+
+    with torch.no_grad():
+        return int(model(torch.from_numpy(x[:1])).shape[-1])
 
 
 def register_hooks(
@@ -160,9 +255,9 @@ def register_hooks(
         A ClientApp built with the decorator API (``ClientApp()``, no ``client_fn``).
     hooks : ClientHooks
         The app's data and model providers.
-    handlers : Iterable[str] (default: ("histogram", "sketch", "relay", "bilevel"))
+    handlers : Iterable[str] (default: ("histogram", "sketch", "bilevel"))
         Which handlers to add, among :data:`HANDLERS`. The default adds the hooks our
-        strategies need beside an app's own ``train`` and ``evaluate``.
+        strategies use beside an app's own ``train`` and ``evaluate``.
 
     Returns
     -------
@@ -179,7 +274,6 @@ def register_hooks(
         "evaluate": make_evaluate_handler,
         "histogram": make_histogram_handler,
         "sketch": make_sketch_handler,
-        "relay": make_train_handler,
         "bilevel": make_bilevel_handler,
     }
     for name in handlers:
@@ -243,25 +337,17 @@ def _vector_reply(
 
 
 def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
-    """Return a handler for ``train`` and ``train.relay`` (one sequential hop).
-
-    A relay hop is a train message whose config also names the hop's ``relay-group``
-    and ``relay-hop``; both are echoed in the reply's metrics.
+    """Return a handler for ``train`` (also a relay hop: a train message whose config
+    names the hop's ``relay-group`` and ``relay-hop``).
     """
 
     def handle(message: Message, context: Context) -> Message:
         config = _message_config(message)
-        data = hooks.load_data(context)
+        data = hooks.client_data(context)
         model = _model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         result = _train(model, data, settings, local_seed(context, config))
-        metrics: dict[str, Any] = {
-            "train-loss": result.loss,
-            "num-examples": result.num_examples,
-        }
-        for key in ("relay-group", "relay-hop"):
-            if key in config:
-                metrics[key] = int(config[key])  # type: ignore[arg-type]
+        metrics = {"train-loss": result.loss, "num-examples": result.num_examples}
         content = RecordDict(
             {
                 ARRAYS_KEY: ArrayRecord(model.state_dict()),
@@ -302,7 +388,7 @@ def make_bilevel_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mes
 
     def handle(message: Message, context: Context) -> Message:
         config = _message_config(message)
-        data = hooks.load_data(context)
+        data = hooks.client_data(context)
         received = _model_from_message(message, hooks, context, data, GLOBAL_KEY)
         cluster = _model_from_message(message, hooks, context, data, CLUSTER_KEY)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
@@ -331,7 +417,7 @@ def make_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Context], Me
     """Return a handler for ``evaluate``: the message's model on the node's test split."""
 
     def handle(message: Message, context: Context) -> Message:
-        data = hooks.load_data(context)
+        data = hooks.client_data(context)
         model = _model_from_message(message, hooks, context, data)
         loss, accuracy = evaluate(model, data.x_test, data.y_test)
         metrics = MetricRecord(
@@ -365,7 +451,7 @@ def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
     """
 
     def handle(message: Message, context: Context) -> Message:
-        data = hooks.load_data(context)
+        data = hooks.client_data(context)
         counts = data.histogram()
         if (epsilon := histogram_epsilon(context)) > 0:
             seed = local_seed(context, ConfigRecord({"server-round": -1}))
@@ -430,7 +516,7 @@ def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mess
 
     def handle(message: Message, context: Context) -> Message:
         config = _message_config(message)
-        data = hooks.load_data(context)
+        data = hooks.client_data(context)
         model = _model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         options = {}

@@ -4,8 +4,12 @@ Use them in any Flower ServerApp like Flower's own strategies::
 
     from fedgsp_flwr.strategies import FedGSP
 
-    strategy = FedGSP(kappa=0.3)
+    strategy = FedGSP()  # the paper's settings; any ClientApp with a train handler
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=10)
+    result.arrays                 # the global model
+    strategy.group_models()       # cluster / centre / edge / group models and members
+
+A run that trains nothing stops with :class:`TrainingStalled`, naming the cause.
 
 They need no torch: the client side is :mod:`fedgsp_flwr.clients`. The bundled app
 builds them by name from its run config (:mod:`fedgsp_flwr.app.registry`).
@@ -13,10 +17,12 @@ builds them by name from its run config (:mod:`fedgsp_flwr.app.registry`).
 
 from __future__ import annotations
 
-from .fedavg import FedAvg, FedProx, ServerSideRound
+from .fedavg import FedAvg, FedProx, GroupModel, ServerSideRound
 from .fedgsp import FedGSP
 from .fesem import FeSEM
 from .hierfl import HierFL
+from .metrics import aggregate_metrics
+from .progress import TrainingStalled
 from .replies import filter_replies, reply_problem
 from .semifl import SemiFL
 from .sequential import RelayStrategy
@@ -27,11 +33,14 @@ __all__ = [
     "FedAvg",
     "FedGSP",
     "FedProx",
+    "GroupModel",
     "HierFL",
     "RelayStrategy",
     "SemiFL",
     "ServerSideRound",
     "StoCFL",
+    "TrainingStalled",
+    "aggregate_metrics",
     "filter_replies",
     "reply_problem",
 ]

@@ -9,8 +9,10 @@ state (:class:`~fedgsp_flwr.strategies.state.StrategyState`).
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
 
@@ -19,8 +21,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from .metrics import aggregate_metrics
 from .nodes import NodeHistograms
+from .progress import TrainingProgress
 from .replies import filter_replies
 from .state import NodeMap, StrategyState
 
@@ -65,16 +71,54 @@ def array_bytes(messages: Iterable[Message]) -> int:
                for record in m.content.array_records.values())
 
 
+@dataclass(frozen=True)
+class GroupModel:
+    """A model a strategy keeps beside the global one (a cluster's, a centre's, an
+    edge's, a relay group's) and the nodes it belongs to.
+
+    Attributes
+    ----------
+    arrays : ArrayRecord
+        The model.
+    nodes : list[int]
+        Its members' node ids, in partition-id order where known.
+    partition_ids : dict[int, int]
+        The ``partition-id`` of the members that reported one.
+    metrics : dict[str, Any]
+        Its last federated evaluation on its members (the ClientApp's metric names),
+        empty if it was not evaluated.
+    """
+
+    arrays: ArrayRecord
+    nodes: list[int]
+    partition_ids: dict[int, int] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
 class FedAvg(FlowerFedAvg):
     """Flower's FedAvg that validates each reply and keeps a per-round history.
 
     Takes the parameters of :class:`flwr.serverapp.strategy.FedAvg`. Unsound replies
     are dropped one by one (see :func:`~fedgsp_flwr.strategies.replies.filter_replies`)
-    before Flower's aggregation runs. :attr:`history` records per round the aggregated
-    client metrics, the replies used and rejected, the model bytes sent and received in
-    training (``bytes-sent``, ``bytes-received``), the models uploaded (``uploads``:
-    replies with content) and the seconds from sending a stage's messages to
-    aggregating their replies (``train-time``, ``eval-time``).
+    before aggregation; metrics are aggregated whatever the ClientApp names them
+    (:func:`~fedgsp_flwr.strategies.metrics.aggregate_metrics`, unless
+    ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn`` are given). A round that
+    trains nothing keeps the model; ``max_untrained_rounds`` such rounds in a row stop
+    the run with :class:`~fedgsp_flwr.strategies.progress.TrainingStalled`, naming the
+    cause the replies gave, and so does a run that trained in no round at all.
+
+    :attr:`history` records per round the aggregated client metrics, the replies used
+    and rejected, the model bytes sent and received in training (``bytes-sent``,
+    ``bytes-received``), the models uploaded (``uploads``: replies with content) and
+    the seconds from sending a stage's messages to aggregating their replies
+    (``train-time``, ``eval-time``).
+
+    Parameters
+    ----------
+    max_untrained_rounds : int (default: 3)
+        Rounds in a row without a trained model after which the run stops (>= 1).
+    **kwargs : Any
+        :class:`flwr.serverapp.strategy.FedAvg`'s parameters.
 
     Attributes
     ----------
@@ -83,14 +127,66 @@ class FedAvg(FlowerFedAvg):
     known : NodeHistograms | None
         What the strategy knows of the nodes (strategies that ask for histograms); it
         goes into the checkpoint and translates node ids on resume.
+    progress : TrainingProgress
+        The last model that trained, and the count of rounds without one.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, max_untrained_rounds: int = 3, **kwargs: Any) -> None:
+        for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
+            kwargs[key] = kwargs.get(key) or aggregate_metrics
         super().__init__(**kwargs)
+        check_parameters(type(self).__name__, [
+            (isinstance(max_untrained_rounds, int) and max_untrained_rounds >= 1,
+             f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
+        ])
         self.history: dict[int, dict[str, Any]] = {}
         self.known: NodeHistograms | None = None
+        self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
+                                         self.weighted_by_key)
+        self.start_timeout = math.inf
         self._sent_arrays: ArrayRecord | None = None
+        self._sent_count = 0
         self._sent_at: dict[str, float] = {}
+
+    def start(  # type: ignore[override]  # same parameters, plus any Flower adds
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        **kwargs: Any,
+    ) -> Result:
+        """Flower's ``start``: the last model that trained is ``result.arrays``.
+
+        ``timeout`` also bounds the replies the strategy waits for itself (relay hops,
+        edge rounds, queries' training). Further keyword arguments go to Flower's
+        ``start`` as they are.
+
+        Raises
+        ------
+        TrainingStalled
+            If ``max_untrained_rounds`` rounds in a row, or every round of the run,
+            trained nothing; its ``arrays`` is the last model that trained.
+        """
+        self.progress.reset(initial_arrays)
+        self.start_timeout = timeout
+        result = super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                               evaluate_config, evaluate_fn, **kwargs)
+        if num_rounds > 0 and self.progress.trained_rounds == 0:
+            raise self.progress.stalled(f"no round of the run's {num_rounds} trained")
+        if not result.arrays:  # Flower's Result starts empty
+            result.arrays = self.progress.last_trained or initial_arrays
+        return result
+
+    def group_models(self) -> dict[int, GroupModel]:
+        """The models the strategy keeps beside the global one, by id, with their
+        member nodes (clusters, centres, edges, the last round's relay groups); empty
+        for FedAvg and FedProx. Call it after :meth:`start` to save them.
+        """
+        return {}
 
     # --- checkpoint (written and read by fedgsp_flwr.app.checkpoint) -------------------
 
@@ -120,6 +216,7 @@ class FedAvg(FlowerFedAvg):
         """Remember the arrays sent, to check the replies' shapes against them."""
         self._sent_arrays = arrays
         messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._sent_count = len(messages)
         self.history.setdefault(server_round, {})["bytes-sent"] = (
             len(messages) * arrays.count_bytes())
         self._start_clock("train", messages)
@@ -149,10 +246,15 @@ class FedAvg(FlowerFedAvg):
         # Float sums depend on their order and replies arrive in any order: sort them
         # by content so that a seed gives the same model bit for bit.
         sound.sort(key=lambda m: next(iter(m.content.array_records.values())).object_id)
-        arrays, metrics = super().aggregate_train(server_round, sound)
+        arrays, metrics = None, None
+        if sound:
+            contents = [m.content for m in sound]
+            arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+            metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         self._record(server_round, "train", metrics, len(sound), rejected)
         self.history[server_round]["bytes-received"] = array_bytes(replies)
         self.history[server_round]["uploads"] = sum(r.has_content() for r in replies)
+        self.progress.record(server_round, arrays, len(sound), rejected, self._sent_count)
         return arrays, metrics
 
     def aggregate_evaluate(
@@ -169,9 +271,16 @@ class FedAvg(FlowerFedAvg):
         )
         sound.sort(key=lambda m: sorted(
             next(iter(m.content.metric_records.values())).items()))
-        metrics = super().aggregate_evaluate(server_round, sound)
+        metrics = (self.evaluate_metrics_aggr_fn([m.content for m in sound],
+                                                 self.weighted_by_key) if sound else None)
         self._record(server_round, "evaluate", metrics, len(sound), rejected)
+        self.evaluated(server_round, sound)
         return metrics
+
+    def evaluated(self, server_round: int, sound: Sequence[Message]) -> None:
+        """Called with a round's sound evaluation replies (strategies that score
+        several models per round break them down here).
+        """
 
     def _start_clock(self, stage: str, messages: list[Message]) -> None:
         # Flower skips aggregation when nothing is sent: a clock started then would be
@@ -195,11 +304,12 @@ class FedAvg(FlowerFedAvg):
         rejected: dict[int, str],
     ) -> None:
         entry = self.history.setdefault(server_round, {})
-        prefix = "" if stage == "train" else "eval-"  # train metrics keep their names
+        # Train metrics keep their names; evaluation ones are told apart by "eval".
+        prefix = "" if stage == "train" else "eval"
         for key, value in (metrics or {}).items():
-            entry[key if key.startswith(prefix) else prefix + key] = value
-        entry[f"{prefix or 'train-'}replies"] = num_sound
-        entry[f"{prefix or 'train-'}rejected"] = len(rejected)
+            entry[key if key.startswith(prefix) else f"{prefix}-{key}"] = value
+        entry[f"{prefix or 'train'}-replies"] = num_sound
+        entry[f"{prefix or 'train'}-rejected"] = len(rejected)
 
 
 class FedProx(FedAvg):
@@ -241,20 +351,46 @@ class ServerSideRound(FedAvg):
     to Flower's loop through ``aggregate_train``.
 
     Subclasses end ``configure_train`` with ``return self.finish_round(...)``.
+
+    Parameters
+    ----------
+    train_timeout : float (default: 3600.0)
+        Seconds to wait for the training (and evaluation) replies the strategy
+        collects itself: a round's, an edge round's, a relay hop's. ``start()``'s
+        ``timeout`` caps it.
+    **kwargs : Any
+        FedAvg's parameters.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, train_timeout: float = 3600.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        check_parameters(type(self).__name__, [
+            (train_timeout > 0, f"train_timeout must be > 0, got {train_timeout}")])
+        self.train_timeout = train_timeout
         self._round_result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
 
+    @property
+    def reply_timeout(self) -> float:
+        """Seconds to wait for replies: ``train_timeout``, capped by ``start()``'s."""
+        return min(self.train_timeout, self.start_timeout)
+
     def finish_round(self, server_round: int, arrays: ArrayRecord | None,
-                     metrics: dict[str, Any], used: int,
-                     rejected: dict[int, str]) -> list[Message]:
+                     metrics: dict[str, Any], used: int, rejected: dict[int, str],
+                     expected: int | None = None) -> list[Message]:
         """Keep the round's model and metrics for ``aggregate_train``, record the round,
         and return no messages (Flower's loop then has none to send).
+
+        ``used`` replies trained ``arrays``; ``rejected`` says why each other node's
+        was unusable; of ``expected`` replies the others did not come in time.
+
+        Raises
+        ------
+        TrainingStalled
+            See :class:`~fedgsp_flwr.strategies.progress.TrainingProgress`.
         """
-        self._round_result = (arrays, MetricRecord(metrics))
+        self._round_result = (arrays if used else None, MetricRecord(metrics))
         self._record(server_round, "train", self._round_result[1], used, rejected)
+        self.progress.record(server_round, arrays, used, rejected, expected)
         return []
 
     def aggregate_train(

@@ -71,6 +71,8 @@ class FedGSP(RelayStrategy):
         (``train_timeout``, ``query_timeout``, ``relay_message_type``, ...) and FedAvg's.
     """
 
+    histogram_fallback = ("nodes without a histogram are grouped at random (no ICG)")
+
     def __init__(
         self,
         *,

@@ -18,7 +18,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
 from ..core.sampling import sample_share
-from .fedavg import ServerSideRound, array_bytes, check_parameters
+from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
 from .nodes import NodeHistograms, collect_reply_list, node_label
 from .replies import reply_problem
 from .state import (
@@ -87,13 +87,12 @@ class FeSEM(ServerSideRound):
     query_timeout : float (default: 300.0)
         Seconds to wait for ``query.histogram`` replies (asked once per node for its
         partition id, which gives a run-independent node order and the ARI).
-    train_timeout : float (default: 3600.0)
-        Seconds to wait for a round's training replies.
     seed : int (default: 0)
         Seed of node sampling and k-means++.
     **kwargs : Any
-        FedAvg parameters (``fraction_train``, ``fraction_evaluate``,
-        ``min_available_nodes``, ...).
+        ``train_timeout`` (seconds to wait for a round's training replies) and FedAvg
+        parameters (``fraction_train``, ``fraction_evaluate``, ``min_available_nodes``,
+        ...).
     """
 
     def __init__(
@@ -106,7 +105,6 @@ class FeSEM(ServerSideRound):
         new_clients: str = "probe",
         ground_truth: Mapping[int, int] | None = None,
         query_timeout: float = 300.0,
-        train_timeout: float = 3600.0,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -117,7 +115,7 @@ class FeSEM(ServerSideRound):
             (layers is None or len(layers) > 0, "layers must be None or name arrays"),
             (new_clients in NEW_CLIENTS,
              f"new_clients must be one of {NEW_CLIENTS}, got {new_clients!r}"),
-            (query_timeout > 0 and train_timeout > 0, "timeouts must be > 0"),
+            (query_timeout > 0, f"query_timeout must be > 0, got {query_timeout}"),
             (init != "seeds" or centre_factory is not None,
              "init='seeds' needs a centre_factory (centre k's initial model)"),
         ]
@@ -126,10 +124,13 @@ class FeSEM(ServerSideRound):
         self.layers = list(layers) if layers is not None else None
         self.new_clients = new_clients
         self.ground_truth = dict(ground_truth or {})
-        self.train_timeout = train_timeout
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.known: NodeHistograms = NodeHistograms("FeSEM", query_timeout)
+        self.known: NodeHistograms = NodeHistograms(
+            "FeSEM", query_timeout, "nodes are ordered by node id (no partition ids: the "
+            "order differs from run to run and no ARI is reported)")
+        self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
+        self._eval_centre: dict[int, int] = {}  # node -> centre it was evaluated with
         self.layout: Layout | None = None
         self.start_model: ArrayRecord | None = None
         self.centres: np.ndarray | None = None
@@ -236,7 +237,7 @@ class FeSEM(ServerSideRound):
             messages.append(Message(RecordDict({"arrays": records[centre],
                                                 "config": train_config}),
                                     dst_node_id=node, message_type="train"))
-        replies = collect_reply_list(grid, messages, self.train_timeout)
+        replies = collect_reply_list(grid, messages, self.reply_timeout)
         self.known.forget_unanswered(
             (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
         fits: dict[int, list[tuple[int | None, Message]]] = {}
@@ -265,7 +266,8 @@ class FeSEM(ServerSideRound):
         metrics.update(self.cluster_metrics())
         metrics["train-time"] = time.monotonic() - started
         new_global = self.global_model() if self.centres is not None else None
-        return self.finish_round(server_round, new_global, metrics, len(sound), rejected)
+        return self.finish_round(server_round, new_global, metrics, len(sound), rejected,
+                                 len(sampled))
 
     def starts(self, node: int) -> list[int | None]:
         """The centres a sampled node trains from (``None``: the initial model).
@@ -311,15 +313,15 @@ class FeSEM(ServerSideRound):
                 server_round, centre)
         assignment = step.assignment.tolist()
         self.assignment.update(zip(nodes, assignment, strict=True))
-        losses = [float(cast(float, m.get("train-loss", 0.0))) for m in contents]
-        metrics: dict[str, Any] = {
+        metrics: dict[str, Any] = dict(self.train_metrics_aggr_fn(
+            [r.content for _, r in sound], self.weighted_by_key))
+        metrics.update({
             "multicenter-loss": step.loss,
             "assignment-changes": sum(p is not None and p != a
                                       for p, a in zip(previous, assignment, strict=True)),
             "new-clients": sum(p is None for p in previous),
             "empty-centres": len(step.empty),
-            "train-loss": float(np.average(losses, weights=weights)),
-        }
+        })
         log(INFO, "FeSEM round %d: %d models, %d changed centre, %d new, loss %.4g",
             server_round, len(nodes), metrics["assignment-changes"], metrics["new-clients"],
             metrics["multicenter-loss"])
@@ -351,8 +353,30 @@ class FeSEM(ServerSideRound):
         messages = [Message(RecordDict({"arrays": records[self.assignment[n]],
                                         "config": ConfigRecord(dict(config))}),
                             dst_node_id=n, message_type="evaluate") for n in assigned]
+        self._eval_centre = {n: self.assignment[n] for n in assigned}
         self._start_clock("evaluate", messages)
         return messages
+
+    def evaluated(self, server_round: int, sound: Sequence[Message]) -> None:
+        """Break the round's evaluation down by centre (:meth:`group_models`)."""
+        by_centre: dict[int, list[RecordDict]] = {}
+        for reply in sound:
+            centre = self._eval_centre.get(reply.metadata.src_node_id)
+            if centre is not None:
+                by_centre.setdefault(centre, []).append(reply.content)
+        for centre, contents in by_centre.items():
+            self.centre_metrics[centre] = dict(self.evaluate_metrics_aggr_fn(
+                contents, self.weighted_by_key))
+
+    def group_models(self) -> dict[int, GroupModel]:
+        """Each centre's model with its assigned nodes and last evaluation, by centre."""
+        if self.centres is None:
+            return {}
+        return {c: GroupModel(self.centre_record(c), self.known.order(
+            [n for n, a in self.assignment.items() if a == c]), {
+            n: self.known.partition_ids[n] for n, a in self.assignment.items()
+            if a == c and n in self.known.partition_ids}, self.centre_metrics.get(c, {}))
+            for c in range(self.k)}
 
     # --- results ----------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from ..core.edge_assignment import (
     paper_topology,
     warm_start,
 )
-from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
+from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .nodes import NodeHistograms, collect_replies
 from .replies import filter_replies
 from .state import (
@@ -74,11 +74,10 @@ class HierFL(ServerSideRound):
         CP-SAT's time limit for the ``optimal`` and ``equal-size`` policies.
     query_timeout : float (default: 300.0)
         Seconds to wait for ``query.histogram`` replies.
-    train_timeout : float (default: 3600.0)
-        Seconds to wait for the users' replies in one edge round.
     seed : int (default: 0)
         Seed of the generated topology, the random policy and user sampling.
     **kwargs : Any
+        ``train_timeout`` (seconds to wait for the users' replies in one edge round) and
         FedAvg parameters (``fraction_train``, ``min_available_nodes``, ...).
     """
 
@@ -93,7 +92,6 @@ class HierFL(ServerSideRound):
         tau2: int = 2,
         time_limit: float = 10.0,
         query_timeout: float = 300.0,
-        train_timeout: float = 3600.0,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -103,8 +101,7 @@ class HierFL(ServerSideRound):
             (num_edges >= 1, "num_edges must be >= 1"),
             (1 <= reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
             (tau1 >= 1 and tau2 >= 1, "tau1 and tau2 must be >= 1"),
-            (time_limit > 0 and query_timeout > 0 and train_timeout > 0,
-             "timeouts must be > 0"),
+            (time_limit > 0 and query_timeout > 0, "time_limit and query_timeout must be > 0"),
             (policy != "original" or topology is None or topology.original is not None,
              "policy 'original' needs a topology with an original assignment"),
         ]
@@ -112,13 +109,16 @@ class HierFL(ServerSideRound):
         self.policy, self.num_edges, self.reach_per_user = policy, num_edges, reach_per_user
         self.topology = topology
         self.tau1, self.tau2 = tau1, tau2
-        self.time_limit, self.train_timeout = time_limit, train_timeout
+        self.time_limit = time_limit
         self.rng = np.random.default_rng(seed)
-        self.known: NodeHistograms = NodeHistograms("HierFL", query_timeout)
+        self.known: NodeHistograms = NodeHistograms(
+            "HierFL", query_timeout, "users without class counts count as empty in the "
+            "assignment objective (with none, the assignment is arbitrary)")
         self.users: list[int] = []  # node ids, user index order
         self.edge_of: dict[int, int] = {}
         self._generated: dict[int, tuple[np.ndarray, int]] = {}  # node -> (reach, original)
         self._assignment_metrics: dict[str, float] = {}
+        self.edge_models: dict[int, ArrayRecord] = {}
 
     def summary(self) -> None:
         """Log HierFL's settings, then FedAvg's."""
@@ -244,6 +244,7 @@ class HierFL(ServerSideRound):
         edge_models = dict.fromkeys(sorted(members_of), arrays)
         edge_weight: dict[int, float] = {}
         rejected: dict[int, str] = {}
+        user_replies: list[Message] = []
         sent = received = messages = used = 0
         for edge_round in range(self.tau2):
             train_config = ConfigRecord(dict(config))
@@ -261,7 +262,7 @@ class HierFL(ServerSideRound):
                                             message_type="train"))
             sent += array_bytes(outgoing)
             messages += len(outgoing)
-            replies = collect_replies(grid, outgoing, self.train_timeout)
+            replies = collect_replies(grid, outgoing, self.reply_timeout)
             self.known.forget_unanswered((m.metadata.dst_node_id,
                                           replies.get(m.metadata.dst_node_id))
                                          for m in outgoing)
@@ -276,11 +277,12 @@ class HierFL(ServerSideRound):
                 if not sound:  # nothing trained: the edge keeps its model
                     continue
                 sound.sort(key=lambda m: m.metadata.src_node_id)
+                user_replies.extend(sound)
                 # filter_replies checked the weights: finite numbers > 0
                 weights = [float(cast(float, m.content["metrics"][self.weighted_by_key]))
                            for m in sound]
                 edge_models[edge] = average_arrays(
-                    [m.content.array_records["arrays"] for m in sound], weights)
+                    [next(iter(m.content.array_records.values())) for m in sound], weights)
                 edge_weight[edge] = sum(weights)
         trained = [e for e in edge_models if e in edge_weight]
         cloud = (average_arrays([edge_models[e] for e in trained],
@@ -288,9 +290,19 @@ class HierFL(ServerSideRound):
         if cloud is None:
             log(WARNING, "HierFL round %d: no edge trained; the global model is kept",
                 server_round)
-        metrics: dict[str, Any] = dict(self._assignment_metrics)
+        self.edge_models = {e: edge_models[e] for e in trained}
+        metrics: dict[str, Any] = (dict(self.train_metrics_aggr_fn(
+            [m.content for m in user_replies], self.weighted_by_key)) if user_replies else {})
+        metrics.update(self._assignment_metrics)
         metrics.update({"edges-trained": len(trained), "edge-rounds": self.tau2,
                         "user-edge-messages": messages, "bytes-sent": sent,
                         "bytes-received": received, "train-time":
                         time.monotonic() - started})
-        return self.finish_round(server_round, cloud, metrics, used, rejected)
+        return self.finish_round(server_round, cloud, metrics, used, rejected, messages)
+
+    def group_models(self) -> dict[int, GroupModel]:
+        """Each edge's model after the last cloud round, with its users, by edge."""
+        return {edge: GroupModel(model, [u for u in self.users if self.edge_of[u] == edge], {
+            u: self.known.partition_ids[u] for u in self.users
+            if self.edge_of[u] == edge and u in self.known.partition_ids})
+            for edge, model in self.edge_models.items()}

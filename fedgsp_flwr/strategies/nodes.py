@@ -7,20 +7,29 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
+from typing import cast
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.sampling import partition_order
+from .replies import error_text
 from .state import NodeMap, StrategyState, from_pairs, pairs, stack_rows
 
 MAX_HISTOGRAM_COUNT = 10**9
 # Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
 UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
+# What Flower's ClientApp raises for a message type it has no function for.
+MISSING_HANDLER_TEXT = "function registered with name"
+# Message types every ClientApp answers (Flower's quickstart registers both).
+BASIC_TYPES = ("train", "evaluate")
+ADD_HOOKS = ("from fedgsp_flwr.clients import ClientHooks, register_hooks\n"
+             "    register_hooks(app, ClientHooks(load_data=<your data>, "
+             "build_model=<your model>))")
 
 
 def collect_reply_list(
@@ -49,6 +58,89 @@ def collect_reply_list(
         if not batch and position:
             time.sleep(poll_interval)
     return replies
+
+
+def missing_handler(reply: Message | None) -> bool:
+    """Whether a reply is the ClientApp's error for a message type it has no handler for."""
+    return (reply is not None and reply.has_error()
+            and MISSING_HANDLER_TEXT in reply.error.reason)
+
+
+class HookSupport:
+    """Which of our message types the nodes' ClientApp handles, learnt from at most one
+    failed message per type and run.
+
+    The first message of a type not yet answered goes alone; if the ClientApp has no
+    handler for it, the other messages of that type are not sent (their replies are
+    that same error) and one WARNING names the handler, the strategy's fallback and
+    the lines that add our hooks. A ClientApp without a handler then logs one
+    traceback per run, not one per node.
+
+    Parameters
+    ----------
+    owner : str
+        The strategy's name, for the warning.
+    fallbacks : Mapping[str, str]
+        What the strategy does instead, by message type.
+    """
+
+    def __init__(self, owner: str, fallbacks: Mapping[str, str]) -> None:
+        self.owner, self.fallbacks = owner, dict(fallbacks)
+        self.present: set[str] = set(BASIC_TYPES)
+        self.missing: dict[str, Message] = {}  # message type -> the ClientApp's error
+
+    def has(self, message_type: str) -> bool:
+        """Whether the type is not known to be missing."""
+        return message_type not in self.missing
+
+    def collect(self, grid: Grid, messages: Sequence[Message], timeout: float,
+                poll_interval: float = 0.02) -> list[Message | None]:
+        """:func:`collect_reply_list`, a type not yet answered probed with one message.
+
+        Returns
+        -------
+        list[Message | None]
+            The reply to each message in order (the probe's error for the messages of
+            a missing type; ``None`` where none came in time).
+        """
+        replies: list[Message | None] = [None] * len(messages)
+        probes: dict[str, int] = {}
+        for i, message in enumerate(messages):
+            kind = message.metadata.message_type
+            if kind not in self.present and kind not in self.missing:
+                probes.setdefault(kind, i)
+        if probes:
+            answers = collect_reply_list(grid, [messages[i] for i in probes.values()],
+                                         timeout, poll_interval)
+            for (kind, i), reply in zip(probes.items(), answers, strict=True):
+                replies[i] = reply
+                if missing_handler(reply):
+                    self._mark_missing(kind, cast(Message, reply))
+                elif reply is not None and not reply.has_error():
+                    self.present.add(kind)
+        rest = [i for i, m in enumerate(messages) if i not in probes.values()
+                and m.metadata.message_type not in self.missing]
+        for i, reply in zip(rest, collect_reply_list(grid, [messages[i] for i in rest],
+                                                     timeout, poll_interval), strict=True):
+            replies[i] = reply
+        for i, message in enumerate(messages):
+            if replies[i] is None and message.metadata.message_type in self.missing:
+                replies[i] = self.missing_reply(message)
+        return replies
+
+    def missing_reply(self, message: Message) -> Message:
+        """The error reply of a message of a missing type, as if its node had answered."""
+        error = self.missing[message.metadata.message_type].error
+        return Message(Error(code=error.code, reason=error.reason), reply_to=message)
+
+    def _mark_missing(self, kind: str, reply: Message) -> None:
+        self.missing[kind] = reply
+        log(WARNING, "%s: the nodes' ClientApp has no '%s' handler (node %d answered: %s). "
+            "Fallback: %s. The other nodes are not asked. To add our handlers to your "
+            "ClientApp:\n    %s", self.owner, kind, reply.metadata.src_node_id,
+            error_text(reply.error.reason),
+            self.fallbacks.get(kind, "the run goes on without it"),
+            ADD_HOOKS)
 
 
 def collect_replies(
@@ -89,7 +181,7 @@ def unreachable(reply: Message | None) -> bool:
 def vector_problem(reply: Message, key: str, size: int | None) -> str | None:
     """Why a reply does not carry one finite vector ``key`` (of ``size``), or ``None``."""
     if reply.has_error():
-        return f"error reply: {reply.error.reason}"
+        return f"error reply: {error_text(reply.error.reason)}"
     try:
         vector = reply.content.array_records[key][key].numpy()
     except KeyError:
@@ -157,6 +249,7 @@ def query_histograms(
     node_ids: Sequence[int],
     timeout: float,
     num_classes: int | None = None,
+    hooks: HookSupport | None = None,
 ) -> HistogramReplies:
     """Ask nodes for their class histograms with ``query.histogram``.
 
@@ -170,6 +263,9 @@ def query_histograms(
         Seconds to wait for all replies.
     num_classes : int | None
         Expected histogram length (the first valid reply's if ``None``).
+    hooks : HookSupport | None
+        Sends the queries (one probe first, see :class:`HookSupport`); ``None`` asks
+        every node at once.
 
     Returns
     -------
@@ -178,7 +274,8 @@ def query_histograms(
     """
     queries = [Message(content=RecordDict(), dst_node_id=n, message_type="query.histogram")
                for n in node_ids]
-    replies = collect_replies(grid, queries, timeout)
+    send = collect_reply_list if hooks is None else hooks.collect
+    replies = dict(zip(node_ids, send(grid, queries, timeout), strict=True))
     out = HistogramReplies()
     for node in node_ids:
         reply = replies.get(node)
@@ -205,7 +302,8 @@ def query_histograms(
         else:
             out.failed[node] = problem
     for node, reason in out.failed.items():
-        log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
+        if MISSING_HANDLER_TEXT not in reason or hooks is None:  # HookSupport warned
+            log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
     return out
 
 
@@ -218,6 +316,9 @@ class NodeHistograms:
         Strategy name for log lines.
     timeout : float
         Seconds to wait for ``query.histogram`` replies.
+    fallback : str
+        What the strategy does for nodes without a histogram (named in the warning
+        when the nodes' ClientApp has no ``query.histogram`` handler).
 
     Attributes
     ----------
@@ -235,8 +336,10 @@ class NodeHistograms:
         Nodes that did not answer their last query at all (asked again next time).
     """
 
-    def __init__(self, owner: str, timeout: float) -> None:
+    def __init__(self, owner: str, timeout: float,
+                 fallback: str = "nodes without a histogram are placed at random") -> None:
         self.owner, self.timeout = owner, timeout
+        self.hooks = HookSupport(owner, {"query.histogram": fallback})
         self.histograms: dict[int, np.ndarray] = {}
         self.without: dict[int, str] = {}
         self.partition_ids: dict[int, int] = {}
@@ -257,7 +360,7 @@ class NodeHistograms:
             return
         known = next(iter(self.histograms.values()), None)
         replies = query_histograms(grid, new, self.timeout,
-                                   None if known is None else len(known))
+                                   None if known is None else len(known), self.hooks)
         self.histograms.update(replies.histograms)
         self.partition_ids.update(replies.partition_ids)
         self.edges.update(replies.edges)
@@ -265,9 +368,9 @@ class NodeHistograms:
         self.unreachable |= replies.unreachable
         answered = {n: r for n, r in replies.failed.items() if n not in replies.unreachable}
         self.without.update(answered)
-        if answered:
-            log(WARNING, "%s: %d node(s) without a histogram are placed at random",
-                self.owner, len(answered))
+        if any(MISSING_HANDLER_TEXT not in reason for reason in answered.values()):
+            log(WARNING, "%s: %d node(s) without a histogram: %s", self.owner,
+                len(answered), self.hooks.fallbacks["query.histogram"])
         if self.unreachable:
             log(WARNING, "%s: node(s) %s did not answer; they sit out until they do",
                 self.owner, sorted(self.unreachable))

@@ -8,6 +8,11 @@ reply is forwarded as soon as it arrives, independent of the other chains.
 
 A node that fails, times out or returns an unsound reply is skipped: the model it was
 given goes on to the next node, so nothing already trained is lost.
+
+A hop is a plain ``train`` message by default: any ClientApp's train handler does what a
+hop needs, and the hop's bookkeeping (``relay-group``, ``relay-hop``) rides in config
+keys such a handler ignores. With another message type (``train.<name>``), a node whose
+ClientApp has no handler for it gets the hop again as ``train``, and every later one.
 """
 
 from __future__ import annotations
@@ -16,13 +21,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
-
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .nodes import unreachable
+from .nodes import missing_handler, unreachable
 from .replies import reply_problem
 
 HOP_OK = "ok"
@@ -53,8 +56,8 @@ class Hop:
         Array bytes of the message and of the reply.
     num_examples : int
         Examples the node trained on (0 when skipped).
-    metrics : dict[str, float]
-        The reply's metrics.
+    metrics : MetricRecord
+        The reply's metrics (whatever the ClientApp names them).
     """
 
     node_id: int
@@ -65,7 +68,7 @@ class Hop:
     bytes_sent: int = 0
     bytes_received: int = 0
     num_examples: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: MetricRecord = field(default_factory=MetricRecord)
 
 
 @dataclass
@@ -100,16 +103,9 @@ class ChainResult:
         return any(h.status == HOP_OK for h in self.hops)
 
     @property
-    def skipped(self) -> list[int]:
-        """Nodes whose hop failed, timed out or was rejected."""
-        return [h.node_id for h in self.hops if h.status != HOP_OK]
-
-    def mean_metric(self, key: str) -> float | None:
-        """Example-weighted mean of a numeric metric over the successful hops."""
-        pairs = [(h.metrics[key], h.num_examples) for h in self.hops
-                 if h.status == HOP_OK and key in h.metrics]
-        total = sum(n for _, n in pairs)
-        return sum(v * n for v, n in pairs) / total if total else None
+    def skipped(self) -> dict[int, str]:
+        """Why each node whose hop failed, timed out or was rejected was skipped."""
+        return {h.node_id: h.reason for h in self.hops if h.status != HOP_OK}
 
 
 @dataclass
@@ -118,6 +114,7 @@ class _Chain:
     next_position: int = 0
     sent_at: float = 0.0
     bytes_sent: int = 0
+    message_type: str = "train"
 
 
 def run_relay(
@@ -127,9 +124,10 @@ def run_relay(
     config: ConfigRecord,
     *,
     train_timeout: float,
-    message_type: str = "train.relay",
+    message_type: str = "train",
     weighted_by_key: str = "num-examples",
     poll_interval: float = 0.02,
+    plain_nodes: set[int] | None = None,
 ) -> list[ChainResult]:
     """Run every group's chain, all in parallel, and return one result per group.
 
@@ -147,11 +145,15 @@ def run_relay(
     train_timeout : float
         Seconds a node may take for one hop before it is skipped.
     message_type : str
-        ``train.relay`` (our handler) or ``train`` (any ClientApp's train handler).
+        ``train`` (any ClientApp's train handler) or ``train.<name>``.
     weighted_by_key : str
         Metric holding the number of examples a node trained on.
     poll_interval : float
         Seconds between polls when no reply arrived.
+    plain_nodes : set[int] | None
+        Nodes that get ``train`` whatever ``message_type`` is; a node that answers
+        ``message_type`` with "no function registered" is added (and its hop sent
+        again as ``train``).
 
     Returns
     -------
@@ -160,6 +162,7 @@ def run_relay(
     """
     chains = [_Chain(ChainResult(g, list(nodes), arrays)) for g, nodes in enumerate(groups)]
     waiting: dict[str, _Chain] = {}
+    plain = plain_nodes if plain_nodes is not None else set()
 
     def send_next(chain: _Chain) -> None:
         position = chain.next_position
@@ -170,7 +173,9 @@ def run_relay(
         hop_config["relay-hop"] = position
         content = RecordDict({"arrays": chain.result.arrays, "config": hop_config})
         node = chain.result.nodes[position]
-        message = Message(content=content, dst_node_id=node, message_type=message_type)
+        chain.message_type = "train" if node in plain else message_type
+        message = Message(content=content, dst_node_id=node,
+                          message_type=chain.message_type)
         try:
             pushed = list(grid.push_messages([message]))
         except Exception as err:  # noqa: BLE001 - a node gone between rounds: skip it
@@ -201,6 +206,13 @@ def run_relay(
             answered = waiting.pop(reply.metadata.reply_to_message_id, None)
             if answered is None:
                 continue  # a late reply to a hop that already timed out
+            if answered.message_type != "train" and missing_handler(reply):
+                node = answered.result.nodes[answered.next_position]
+                plain.add(node)
+                log(INFO, "relay: node %d has no '%s' handler; its hops go as 'train'",
+                    node, answered.message_type)
+                send_next(answered)
+                continue
             finish_hop(answered, _hop_from_reply(answered, reply, now, weighted_by_key))
         for message_id, chain in list(waiting.items()):
             if now - chain.sent_at > train_timeout:
@@ -229,6 +241,5 @@ def _hop_from_reply(chain: _Chain, reply: Message, now: float, weighted_by_key: 
     trained = next(iter(reply.content.array_records.values()))
     metrics: MetricRecord = next(iter(reply.content.metric_records.values()))
     chain.result.arrays = trained
-    plain: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, list)}
     return Hop(node, position, HOP_OK, "", latency, chain.bytes_sent, trained.count_bytes(),
-               int(metrics[weighted_by_key]), plain)  # type: ignore[arg-type]  # checked
+               int(metrics[weighted_by_key]), metrics)  # type: ignore[arg-type]  # checked

@@ -8,7 +8,7 @@ with one logged reason naming its node, and the others are aggregated.
 from __future__ import annotations
 
 import math
-from collections import Counter
+import re
 from collections.abc import Iterable
 from logging import WARNING
 
@@ -18,6 +18,27 @@ from flwr.common.logger import log
 
 # A reply's weight (its examples) above this is absurd and would swamp an average.
 MAX_WEIGHT = 10**9
+# How the ClientApp's exception reaches the server: in the simulation engine as Ray's
+# traceback ending "... occurred. Message: <text>", in deployment as
+# "<class 'ValueError'>:<'<text>'>".
+_SIMULATION_ERROR = re.compile(r"occurred\. Message: (.+?)(?:'>)?$", re.MULTILINE)
+_DEPLOYMENT_ERROR = re.compile(r"<class '(?:[\w]+\.)*(\w+)'>:<'(.*)'>", re.DOTALL)
+
+
+def error_text(reason: str, limit: int = 300) -> str:
+    """The ClientApp's own error message in an error reply's reason, on one line."""
+    if found := _SIMULATION_ERROR.findall(reason):
+        text = found[-1]
+        named = [line.strip() for line in reason.splitlines()
+                 if line.strip().endswith(f": {text}") and "Exception " not in line]
+        text = named[-1] if named else text
+    elif match := _DEPLOYMENT_ERROR.fullmatch(reason.strip()):
+        inner = error_text(match.group(2), limit)
+        text = inner if match.group(1) in inner else f"{match.group(1)}: {inner}"
+    else:
+        lines = [line.strip() for line in reason.splitlines() if line.strip()]
+        text = lines[-1] if lines else reason
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def reply_problem(
@@ -48,7 +69,7 @@ def reply_problem(
         A human-readable reason, or ``None``.
     """
     if reply.has_error():
-        return f"error reply: {reply.error.reason}"
+        return f"error reply: {error_text(reply.error.reason)}"
     content = reply.content
     if len(content.metric_records) != 1:
         return f"expected one MetricRecord, got {len(content.metric_records)}"
@@ -103,8 +124,8 @@ def filter_replies(
 ) -> tuple[list[Message], dict[int, str]]:
     """Keep the sound replies; log and return the reason for every other one.
 
-    Replies whose metric names differ from the majority's are rejected too, so that
-    metric averages are taken over the same keys.
+    A reply is never rejected for its metric names: metrics are aggregated per name
+    (:func:`~fedgsp_flwr.strategies.metrics.aggregate_metrics`).
 
     Parameters
     ----------
@@ -137,19 +158,6 @@ def filter_replies(
             sound.append(reply)
         else:
             rejected[reply.metadata.src_node_id] = problem
-    if sound:
-        key_sets = [frozenset(next(iter(r.content.metric_records.values())).keys())
-                    for r in sound]
-        majority = Counter(key_sets).most_common(1)[0][0]
-        kept = []
-        for reply, keys in zip(sound, key_sets, strict=True):
-            if keys == majority:
-                kept.append(reply)
-            else:
-                rejected[reply.metadata.src_node_id] = (
-                    f"metric names {sorted(keys)} differ from the others' {sorted(majority)}"
-                )
-        sound = kept
     for node_id, reason in rejected.items():
         log(WARNING, "%s: rejected reply from node %d: %s", stage, node_id, reason)
     return sound, rejected

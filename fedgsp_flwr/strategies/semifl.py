@@ -21,7 +21,7 @@ from ..core.cluster_rules import (
     label_coverage,
     static_clusters,
 )
-from .fedavg import check_parameters
+from .fedavg import GroupModel, check_parameters
 from .sequential import RelayStrategy
 from .state import NodeMap, StrategyState
 
@@ -106,6 +106,9 @@ class SemiFL(RelayStrategy):
         parameters (``train_timeout``, ``query_timeout``, ``relay_message_type``, ...).
     """
 
+    histogram_fallback = ("nodes without a histogram join the clusters in node order, "
+                          "cluster_size each (no label rule)")
+
     def __init__(
         self,
         *,
@@ -134,6 +137,7 @@ class SemiFL(RelayStrategy):
         self.assignment = dict(assignment or {})
         self.shuffle_order = shuffle_order
         self.clusters: dict[int, list[int]] = {}
+        self.chain_clusters: list[int] = []  # the cluster of each chain of the last round
 
     def summary(self) -> None:
         """Log Semi-FL's settings, then the relay's and FedAvg's."""
@@ -152,6 +156,11 @@ class SemiFL(RelayStrategy):
         super().restore_state(state, node_map)
         self.clusters = {int(c): [node_map(n) for n in members]
                          for c, members in state.meta["clusters"]}
+
+    def group_models(self) -> dict[int, GroupModel]:
+        """Each cluster's model (its head's, after the last round's chain), by cluster."""
+        return {self.chain_clusters[chain]: model
+                for chain, model in super().group_models().items()}
 
     @property
     def cluster_of(self) -> dict[int, int]:
@@ -183,12 +192,16 @@ class SemiFL(RelayStrategy):
                 if (cluster := self.stated_cluster(node)) is not None:
                     self.clusters.setdefault(cluster, []).append(node)
                     rest.remove(node)
+        joined: dict[int, list[int]] = {}
         for node in rest:
             cluster = cluster_with_room(self.clusters, self.cluster_size)
             self.clusters.setdefault(cluster, []).append(node)
-            log(WARNING, "SemiFL: node %d has no %s; it joins cluster %d", node,
-                "stated cluster" if self.source in ("node-config", "file") else
-                "histogram or arrived late", cluster)
+            joined.setdefault(cluster, []).append(node)
+        if joined:
+            log(WARNING, "SemiFL: %d node(s) with no %s joined the clusters with room: %s",
+                len(rest), "stated cluster" if self.source in ("node-config", "file") else
+                "histogram, or that arrived late,",
+                ", ".join(f"cluster {c}: nodes {m}" for c, m in sorted(joined.items())))
 
     def cluster_metrics(self) -> dict[str, Any]:
         """Cluster sizes and the classes each covers (over nodes with histograms)."""
@@ -220,6 +233,8 @@ class SemiFL(RelayStrategy):
                 members = [members[i] for i in self.rng.permutation(len(members))]
             if members:
                 chains.append(members)
+        self.chain_clusters = [c for c in sorted(self.clusters)
+                               if any(n in live for n in self.clusters[c])]
         metrics = self.cluster_metrics()
         log(INFO, "SemiFL round %d: %d clusters over %d reachable nodes", server_round,
             len(chains), len(reachable))

@@ -9,16 +9,24 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .fedavg import ServerSideRound, average_arrays, check_parameters
+from .fedavg import GroupModel, ServerSideRound, average_arrays, check_parameters
+from .metrics import MetricsAggregation
 from .nodes import NodeHistograms
-from .relay import HOP_LOST, HOP_TIMEOUT, ChainResult, run_relay
+from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
 from .state import NodeMap, StrategyState, generator_state, set_generator_state
 
-RELAY_MESSAGE_TYPES = ("train.relay", "train")
+
+def relay_message_type_problem(message_type: str) -> str | None:
+    """Why ``message_type`` cannot carry relay hops, or ``None``."""
+    category, dot, action = message_type.partition(".")
+    if category != "train" or (dot and not action.isidentifier()):
+        return (f"relay_message_type must be 'train' or 'train.<identifier>', "
+                f"got {message_type!r}")
+    return None
 
 
 class RelayStrategy(ServerSideRound):
@@ -30,18 +38,21 @@ class RelayStrategy(ServerSideRound):
     :meth:`aggregate_train` then returns the average of the chains' models. Evaluation
     is FedAvg's.
 
-    Every hop carries the round's training config (``local-epochs``, ``lr``, ... as
-    given to ``start``) plus ``server-round``. The nodes' class histograms are asked
-    once per node (``query.histogram``) and kept in :attr:`known`.
+    Every hop is a ``train`` message that any ClientApp's train handler answers: it
+    carries the round's training config (``lr``, ... as given to ``start``, unchanged)
+    plus ``server-round``, ``relay-group`` and ``relay-hop``. The nodes' class
+    histograms are asked once per node (``query.histogram``) and kept in :attr:`known`.
 
     Parameters
     ----------
     train_timeout : float (default: 3600.0)
-        Seconds a node may take for one hop before it is skipped.
+        Seconds a node may take for one hop before it is skipped (capped by
+        ``start()``'s ``timeout``).
     query_timeout : float (default: 300.0)
         Seconds to wait for ``query.histogram`` replies.
-    relay_message_type : str (default: "train.relay")
-        ``train.relay`` (our handler) or ``train`` (any ClientApp's train handler).
+    relay_message_type : str (default: "train")
+        Message type of the hops: ``train``, or ``train.<name>`` for a ClientApp that
+        tells hops apart; a node without a handler for it gets ``train``.
     weighted_average : bool (default: True)
         Average the chains' models weighted by the examples trained along each chain;
         ``False`` takes the uniform mean.
@@ -53,31 +64,33 @@ class RelayStrategy(ServerSideRound):
         FedAvg's parameters (sampling of evaluation nodes, keys, ...).
     """
 
+    histogram_fallback = "nodes without a histogram are grouped at random"
+
     def __init__(
         self,
         *,
-        train_timeout: float = 3600.0,
         query_timeout: float = 300.0,
-        relay_message_type: str = "train.relay",
+        relay_message_type: str = "train",
         weighted_average: bool = True,
         poll_interval: float = 0.02,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        problem = relay_message_type_problem(relay_message_type)
         check_parameters(type(self).__name__, [
-            (train_timeout > 0 and query_timeout > 0, "timeouts must be > 0"),
-            (relay_message_type in RELAY_MESSAGE_TYPES,
-             f"relay_message_type must be one of {RELAY_MESSAGE_TYPES}, "
-             f"got {relay_message_type!r}"),
+            (query_timeout > 0, f"query_timeout must be > 0, got {query_timeout}"),
+            (problem is None, problem or ""),
             (poll_interval > 0, f"poll_interval must be > 0, got {poll_interval}"),
         ])
-        self.train_timeout = train_timeout
         self.relay_message_type = relay_message_type
         self.weighted_average = weighted_average
         self.poll_interval = poll_interval
         self.rng = np.random.default_rng(seed)
-        self.known: NodeHistograms = NodeHistograms(type(self).__name__, query_timeout)
+        self.known: NodeHistograms = NodeHistograms(type(self).__name__, query_timeout,
+                                                    self.histogram_fallback)
+        self.plain_nodes: set[int] = set()  # nodes without a relay_message_type handler
+        self.last_chains: list[ChainResult] = []
 
     @abstractmethod
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
@@ -113,19 +126,27 @@ class RelayStrategy(ServerSideRound):
         hop_config = ConfigRecord(dict(config))
         hop_config["server-round"] = server_round
         started = time.monotonic()
-        results = run_relay(grid, chains, arrays, hop_config, train_timeout=self.train_timeout,
+        results = run_relay(grid, chains, arrays, hop_config, train_timeout=self.reply_timeout,
                             message_type=self.relay_message_type,
                             weighted_by_key=self.weighted_by_key,
-                            poll_interval=self.poll_interval)
-        metrics.update(relay_metrics(results, time.monotonic() - started))
+                            poll_interval=self.poll_interval, plain_nodes=self.plain_nodes)
+        self.last_chains = results
+        metrics.update(relay_metrics(results, time.monotonic() - started,
+                                     self.train_metrics_aggr_fn, self.weighted_by_key))
         metrics.update(self.traffic_estimate(arrays.count_bytes()))
-        skipped = {node: "skipped" for r in results for node in r.skipped}
+        skipped = {node: reason for r in results for node, reason in r.skipped.items()}
         # A node that is gone or timed out must answer a histogram query again before it
         # is chained again (a dead node would otherwise cost every round a timeout).
         self.known.forget([h.node_id for r in results for h in r.hops
                            if h.status in (HOP_LOST, HOP_TIMEOUT)])
         return self.finish_round(server_round, self.average(results), metrics,
                                  sum(r.trained for r in results), skipped)
+
+    def group_models(self) -> dict[int, GroupModel]:
+        """The last round's chains: each chain's model and its nodes, by chain index."""
+        return {r.group: GroupModel(r.arrays, list(r.nodes), {
+            n: self.known.partition_ids[n] for n in r.nodes if n in self.known.partition_ids})
+            for r in self.last_chains if r.trained}
 
     def average(self, results: Sequence[ChainResult]) -> ArrayRecord | None:
         """Average the trained chains' models (example-weighted or uniform)."""
@@ -137,16 +158,19 @@ class RelayStrategy(ServerSideRound):
                                for r in trained])
 
 
-def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, Any]:
-    """Per-round relay figures: groups trained, uploads, hops, skips, bytes, time, loss.
+def relay_metrics(results: Sequence[ChainResult], seconds: float,
+                  aggregate: MetricsAggregation, weighted_by_key: str) -> dict[str, Any]:
+    """Per-round relay figures: the hops' own metrics aggregated by ``aggregate``
+    (whatever the ClientApp names them), then groups trained, uploads, hops, skips,
+    bytes, time.
 
     ``uploads`` counts the models that enter the aggregate (one per trained chain,
     Semi-FL's cluster heads); every hop also passes through the server (``hops``).
     """
     hops = [h for r in results for h in r.hops]
-    losses = [(loss, r.num_examples) for r in results
-              if (loss := r.mean_metric("train-loss")) is not None]
-    metrics: dict[str, Any] = {
+    trained = [RecordDict({"metrics": h.metrics}) for h in hops if h.status == HOP_OK]
+    metrics: dict[str, Any] = dict(aggregate(trained, weighted_by_key)) if trained else {}
+    metrics.update({
         "groups-trained": sum(r.trained for r in results),
         "uploads": sum(r.trained for r in results),
         "hops": len(hops),
@@ -155,7 +179,5 @@ def relay_metrics(results: Sequence[ChainResult], seconds: float) -> dict[str, A
         "bytes-received": sum(h.bytes_received for h in hops),
         "train-time": seconds,
         "hop-latency-mean": float(np.mean([h.latency for h in hops])) if hops else 0.0,
-    }
-    if losses:  # mean_metric is None for chains without examples
-        metrics["train-loss"] = sum(v * n for v, n in losses) / sum(n for _, n in losses)
+    })
     return metrics

@@ -23,8 +23,16 @@ from ..core.clustering import (
     agreement_scores,
 )
 from ..core.sampling import partition_order, sample_share
-from .fedavg import ServerSideRound, array_bytes, average_arrays, check_parameters
+from .fedavg import (
+    GroupModel,
+    ServerSideRound,
+    array_bytes,
+    average_arrays,
+    check_parameters,
+)
+from .metrics import renamed
 from .nodes import (
+    HookSupport,
     collect_reply_list,
     node_label,
     reported_partition,
@@ -46,6 +54,14 @@ from .state import (
 )
 
 GLOBAL, CLUSTER = "global", "cluster"
+BILEVEL, SKETCH = "train.bilevel", "query.sketch"
+FALLBACKS = {
+    SKETCH: "those nodes stay out of the clustering: they train the global model with "
+            "plain 'train' messages and are scored with it (FedAvg)",
+    BILEVEL: "each clustered node trains its cluster model and the global model with two "
+             "plain 'train' messages (the pull to the global model goes as 'proximal-mu', "
+             "for train handlers that apply it)",
+}
 
 
 class StoCFL(ServerSideRound):
@@ -99,12 +115,11 @@ class StoCFL(ServerSideRound):
     query_timeout : float (default: 300.0)
         Seconds to wait for sketch replies (``query.sketch``, which carries the round's
         training config beside the sketch settings).
-    train_timeout : float (default: 3600.0)
-        Seconds to wait for the training (and evaluation) replies of a round.
     seed : int (default: 0)
         Seed of node sampling and hold-out.
     **kwargs : Any
-        FedAvg parameters (``fraction_train``, ``fraction_evaluate``,
+        ``train_timeout`` (seconds to wait for the training and evaluation replies of a
+        round) and FedAvg parameters (``fraction_train``, ``fraction_evaluate``,
         ``min_available_nodes``, ...).
     """
 
@@ -121,7 +136,6 @@ class StoCFL(ServerSideRound):
         holdout_fraction: float = 0.0,
         ground_truth: Mapping[int, int] | None = None,
         query_timeout: float = 300.0,
-        train_timeout: float = 3600.0,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -135,7 +149,7 @@ class StoCFL(ServerSideRound):
             (merge_model in MERGE_MODELS,
              f"merge_model must be one of {MERGE_MODELS}, got {merge_model!r}"),
             (0.0 <= holdout_fraction < 1.0, "holdout_fraction must be in [0, 1)"),
-            (query_timeout > 0 and train_timeout > 0, "timeouts must be > 0"),
+            (query_timeout > 0, f"query_timeout must be > 0, got {query_timeout}"),
         ]
         check_parameters("StoCFL", checks)
         self.tau, self.lambda_ = tau, lambda_
@@ -146,7 +160,9 @@ class StoCFL(ServerSideRound):
         self._train_config = ConfigRecord()  # the last round's, for sketch queries
         self.holdout_fraction = holdout_fraction
         self.ground_truth = dict(ground_truth or {})
-        self.query_timeout, self.train_timeout = query_timeout, train_timeout
+        self.query_timeout = query_timeout
+        self.hooks = HookSupport("StoCFL", FALLBACKS)
+        self.cluster_eval: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.clustering = SketchClustering(tau)
@@ -227,7 +243,7 @@ class StoCFL(ServerSideRound):
         assert self.anchor is not None
         config = ConfigRecord({**dict(self._train_config), **dict(self.sketch_config)})
         return [Message(RecordDict({"arrays": self.anchor, "config": config}),
-                        dst_node_id=n, message_type="query.sketch") for n in nodes]
+                        dst_node_id=n, message_type=SKETCH) for n in nodes]
 
     def ask_sketches(self, grid: Grid, nodes: Sequence[int]) -> dict[int, np.ndarray]:
         """Ask the nodes neither clustered nor plain yet for their sketches at the anchor;
@@ -239,7 +255,7 @@ class StoCFL(ServerSideRound):
         messages = self.sketch_queries(nodes)
         size = self.clustering.dim
         sketches: dict[int, np.ndarray] = {}
-        for node, reply in zip(nodes, collect_reply_list(grid, messages, self.query_timeout),
+        for node, reply in zip(nodes, self.hooks.collect(grid, messages, self.query_timeout),
                                strict=True):
             problem = (f"no reply within {self.query_timeout:g}s" if reply is None
                        else vector_problem(reply, "sketch", size))
@@ -254,8 +270,9 @@ class StoCFL(ServerSideRound):
                         self.partition_ids[node] = partition
             if problem is not None:
                 self.plain[node] = problem
-                log(WARNING, "StoCFL: node %d has no sketch (%s); it stays a singleton "
-                    "trained on the global model", node, problem)
+                if self.hooks.has(SKETCH):  # else HookSupport warned once for all
+                    log(WARNING, "StoCFL: node %d has no sketch (%s); it stays a singleton "
+                        "trained on the global model", node, problem)
         return sketches
 
     def reachable(self, grid: Grid, connected: Sequence[int]) -> list[int]:
@@ -268,7 +285,7 @@ class StoCFL(ServerSideRound):
         self.suspects &= set(connected)
         probe = self.order(self.suspects)
         if probe:
-            replies = collect_reply_list(grid, self.sketch_queries(probe), self.query_timeout)
+            replies = self.hooks.collect(grid, self.sketch_queries(probe), self.query_timeout)
             self.suspects = {n for n, r in zip(probe, replies, strict=True) if unreachable(r)}
             log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
                 len(probe) - len(self.suspects), len(probe), sorted(self.suspects) or "none")
@@ -344,76 +361,105 @@ class StoCFL(ServerSideRound):
         train_config = ConfigRecord(dict(config))
         train_config["server-round"] = server_round
         train_config["lambda"] = self.lambda_
-        messages = []
-        for node in sampled:
-            if node in self.plain:
-                content = RecordDict({"arrays": arrays, "config": train_config})
-                messages.append(Message(content, dst_node_id=node, message_type="train"))
-            else:
-                theta = self.models[self.clustering.cluster_of[node]]
-                content = RecordDict({GLOBAL: arrays, CLUSTER: theta, "config": train_config})
-                messages.append(Message(content, dst_node_id=node,
-                                        message_type="train.bilevel"))
-        replies = collect_reply_list(grid, messages, self.train_timeout)
-        self.suspects.update(n for n, r in zip(sampled, replies, strict=True) if unreachable(r))
+        plan = [part for node in sampled for part in self.training_plan(node, arrays,
+                                                                         train_config)]
+        replies = self.hooks.collect(grid, [m for _, _, m in plan], self.reply_timeout)
+        if not self.hooks.has(BILEVEL) and any(kind == BILEVEL for _, kind, _ in plan):
+            # The probe found no bi-level handler: those nodes train twice, plainly.
+            kept = [(part, r) for part, r in zip(plan, replies, strict=True)
+                    if part[1] != BILEVEL]
+            redo = [part for node, kind, _ in plan if kind == BILEVEL
+                    for part in self.training_plan(node, arrays, train_config)]
+            plan = [part for part, _ in kept] + redo
+            replies = [r for _, r in kept] + collect_reply_list(
+                grid, [m for _, _, m in redo], self.reply_timeout)
+        self.suspects.update(n for (n, _, _), r in zip(plan, replies, strict=True)
+                             if unreachable(r))
         global_parts: list[tuple[ArrayRecord, float]] = []
         cluster_parts: dict[int, list[tuple[ArrayRecord, float]]] = {}
-        losses: list[tuple[float, float, float]] = []
-        rejected: dict[int, str] = {}
-        for node, reply in zip(sampled, replies, strict=True):
-            cluster = None if node in self.plain else self.clustering.cluster_of[node]
+        reported: list[RecordDict] = []
+        problems: dict[int, list[str]] = {}
+        trained: set[int] = set()
+        for (node, kind, _), reply in zip(plan, replies, strict=True):
+            cluster = self.clustering.cluster_of.get(node)
             problem = ("no reply within the round's timeout" if reply is None else
-                       self.train_reply_problem(reply, arrays, cluster))
+                       self.train_reply_problem(reply, arrays, kind == BILEVEL))
             if problem is not None or reply is None:
-                rejected[node] = problem or ""
+                problems.setdefault(node, []).append(problem or "")
                 log(WARNING, "StoCFL round %d: rejected reply from node %d: %s",
                     server_round, node, problem)
                 continue
-            metrics = reply.content["metrics"]
+            metrics = reply.content.metric_records[next(iter(reply.content.metric_records))]
             weight = float(cast(float, metrics[self.weighted_by_key]))
-            self.trained.add(node)
-            if cluster is None:  # a plain train reply: one ArrayRecord, whatever its name
-                global_parts.append((next(iter(reply.content.array_records.values())),
-                                     weight))
-                continue
-            global_parts.append((reply.content.array_records[GLOBAL], weight))
-            cluster_parts.setdefault(cluster, []).append(
-                (reply.content.array_records[CLUSTER], weight))
-            losses.append((weight, float(cast(float, metrics.get("train-loss", 0.0))),
-                           float(cast(float, metrics.get("global-train-loss", 0.0)))))
+            records = reply.content.array_records
+            trained.add(node)
+            if kind == BILEVEL:
+                global_parts.append((records[GLOBAL], weight))
+                cluster_parts.setdefault(cast(int, cluster), []).append(
+                    (records[CLUSTER], weight))
+            elif kind == CLUSTER:
+                cluster_parts.setdefault(cast(int, cluster), []).append(
+                    (next(iter(records.values())), weight))
+            else:
+                global_parts.append((next(iter(records.values())), weight))
+                if cluster is not None:  # the global half of two plain trainings
+                    metrics = MetricRecord({k if k == self.weighted_by_key else f"global-{k}": v
+                                            for k, v in metrics.items()})
+            reported.append(RecordDict({"metrics": metrics}))
+        self.trained |= trained
         for cluster, parts in cluster_parts.items():
             self.models[cluster] = average_arrays(*zip(*parts, strict=True))
         new_global = average_arrays(*zip(*global_parts, strict=True)) if global_parts else None
-        if new_global is None:
-            log(WARNING, "StoCFL round %d: no sound reply; the models are kept", server_round)
-        round_metrics = self.cluster_metrics()
+        round_metrics: dict[str, Any] = (dict(self.train_metrics_aggr_fn(
+            reported, self.weighted_by_key)) if reported else {})
+        round_metrics.update(self.cluster_metrics())
+        messages = [m for _, _, m in plan]
         round_metrics.update({
             "merges": len(merges), "sampled": len(sampled),
             "clusters-trained": len(cluster_parts), "bytes-sent": array_bytes(messages),
             "bytes-received": array_bytes(r for r in replies if r is not None),
             "train-time": time.monotonic() - started,
         })
-        if losses:
-            w = np.array([x[0] for x in losses])
-            round_metrics["train-loss"] = float(np.average([x[1] for x in losses], weights=w))
-            round_metrics["global-train-loss"] = float(
-                np.average([x[2] for x in losses], weights=w))
         log(INFO, "StoCFL round %d: %d clusters over %d clients (%d merges)%s", server_round,
             round_metrics["num-clusters"], round_metrics["clustered-clients"], len(merges),
             f", ARI {round_metrics['ari']:.3f}" if "ari" in round_metrics else "")
-        return self.finish_round(server_round, new_global, round_metrics,
-                                 len(sampled) - len(rejected), rejected)
+        rejected = {n: "; ".join(p) for n, p in problems.items() if n not in trained}
+        return self.finish_round(server_round, new_global, round_metrics, len(trained),
+                                 rejected, len(sampled))
+
+    def training_plan(self, node: int, arrays: ArrayRecord,
+                      config: ConfigRecord) -> list[tuple[int, str, Message]]:
+        """A sampled node's training messages, as (node, kind, message).
+
+        A plain node: one ``train`` of w (kind ``global``). A clustered node:
+        ``train.bilevel`` with w and theta_k; or, where the ClientApp has no bi-level
+        handler, a ``train`` of theta_k (kind ``cluster``, ``proximal-mu`` = lambda in
+        its config for handlers that apply it) and a ``train`` of w.
+        """
+        def message(kind: str, content: RecordDict) -> tuple[int, str, Message]:
+            message_type = BILEVEL if kind == BILEVEL else "train"
+            return node, kind, Message(content, dst_node_id=node, message_type=message_type)
+
+        if node in self.plain:
+            return [message(GLOBAL, RecordDict({"arrays": arrays, "config": config}))]
+        theta = self.models[self.clustering.cluster_of[node]]
+        if self.hooks.has(BILEVEL):
+            return [message(BILEVEL, RecordDict({GLOBAL: arrays, CLUSTER: theta,
+                                                 "config": config}))]
+        pulled = ConfigRecord({**dict(config), "proximal-mu": self.lambda_})
+        return [message(CLUSTER, RecordDict({"arrays": theta, "config": pulled})),
+                message(GLOBAL, RecordDict({"arrays": arrays, "config": config}))]
 
     def train_reply_problem(self, reply: Message, sent: ArrayRecord,
-                            cluster: int | None) -> str | None:
+                            bilevel: bool) -> str | None:
         """Why a training reply must not be aggregated, or ``None``.
 
         A bi-level reply carries ``global`` and ``cluster`` models shaped like the
-        global model; a plain node's reply one ``arrays`` model.
+        global model; a plain ``train`` reply one model, whatever its record's name.
         """
         problem = reply_problem(reply, reference=sent, weighted_by_key=self.weighted_by_key,
-                                require_arrays=cluster is None)
-        if problem is not None or cluster is None:
+                                require_arrays=not bilevel)
+        if problem is not None or not bilevel:
             return problem
         records = reply.content.array_records
         if set(records) != {GLOBAL, CLUSTER}:
@@ -428,7 +474,13 @@ class StoCFL(ServerSideRound):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Score sampled nodes on their cluster's model and on w; keep the metrics."""
+        """Score sampled nodes on their cluster's model and on w; keep the metrics.
+
+        Whatever the ClientApp names its metrics (``eval_acc``), each is reported for
+        the nodes' own models under its name, for w with ``-global`` appended, and for
+        the nodes that trained and the new ones with ``-trained`` / ``-new`` (and
+        ``-global-trained`` / ``-global-new``); per cluster in :meth:`group_models`.
+        """
         self._eval_result = None
         if self.fraction_evaluate == 0.0:
             return []
@@ -444,8 +496,9 @@ class StoCFL(ServerSideRound):
             for model in (own, arrays):
                 content = RecordDict({"arrays": model, "config": ConfigRecord(dict(config))})
                 messages.append(Message(content, dst_node_id=node, message_type="evaluate"))
-        replies = collect_reply_list(grid, messages, self.train_timeout)
-        scores: dict[str, list[tuple[float, float, float]]] = {}
+        replies = collect_reply_list(grid, messages, self.reply_timeout)
+        subsets: dict[str, list[RecordDict]] = {}
+        by_cluster: dict[int, list[RecordDict]] = {}
         rejected: dict[int, str] = {}
         for i, node in enumerate(nodes):
             pair = replies[2 * i: 2 * i + 2]
@@ -454,38 +507,33 @@ class StoCFL(ServerSideRound):
                 rejected[node] = problem
                 log(WARNING, "StoCFL evaluation: rejected node %d: %s", node, problem)
                 continue
-            for label, reply in zip(("cluster", "global"), pair, strict=True):
-                metrics = cast(Message, reply).content["metrics"]
-                entry = (float(cast(float, metrics[self.weighted_by_key])),
-                         float(cast(float, metrics["eval-acc"])),
-                         float(cast(float, metrics["eval-loss"])))
-                scores.setdefault(label, []).append(entry)
-                group = "trained" if node in self.trained else "new"
-                scores.setdefault(f"{label}-{group}", []).append(entry)
+            own_reply, global_reply = (cast(Message, r).content for r in pair)
+            group = "trained" if node in self.trained else "new"
+            for label, content in (("", own_reply), ("global", global_reply),
+                                   (group, own_reply), (f"global-{group}", global_reply)):
+                subsets.setdefault(label, []).append(content)
+            if (cluster := self.clustering.cluster_of.get(node)) is not None:
+                by_cluster.setdefault(cluster, []).append(own_reply)
         result: dict[str, Any] = {"eval-placed": placed}
-        names = {"cluster": "eval", "global": "eval-global"}
-        for label, entries in scores.items():
-            base, _, group = label.partition("-")
-            prefix = names[base] + (f"-{group}" if group else "")
-            weights = np.array([e[0] for e in entries])
-            result[f"{prefix}-acc"] = float(np.average([e[1] for e in entries], weights=weights))
-            result[f"{prefix}-loss"] = float(np.average([e[2] for e in entries],
-                                                        weights=weights))
-            result[f"{prefix}-clients"] = len(entries)
-        self._eval_result = MetricRecord(result) if scores else None
-        self._record(server_round, "evaluate", self._eval_result, len(scores.get("cluster", [])),
+        for label, contents in subsets.items():
+            means = self.evaluate_metrics_aggr_fn(contents, self.weighted_by_key)
+            result.update(renamed(means, label) if label else means)
+            if not label.startswith("global"):
+                result["-".join(filter(None, ("eval", label, "clients")))] = len(contents)
+        self.cluster_eval = {c: dict(self.evaluate_metrics_aggr_fn(contents,
+                                                                   self.weighted_by_key))
+                             for c, contents in by_cluster.items()}
+        self._eval_result = MetricRecord(result) if subsets else None
+        self._record(server_round, "evaluate", self._eval_result, len(subsets.get("", [])),
                      rejected)
         return []
 
     def eval_reply_problem(self, reply: Message | None) -> str | None:
-        """Why an evaluation reply is unusable, or ``None``."""
+        """Why an evaluation reply is unusable, or ``None`` (never its metric names)."""
         if reply is None:
             return "no reply within the round's timeout"
-        problem = reply_problem(reply, reference=None, weighted_by_key=self.weighted_by_key,
-                                require_arrays=False)
-        if problem is None and not {"eval-acc", "eval-loss"} <= set(reply.content["metrics"]):
-            problem = "metrics lack 'eval-acc' or 'eval-loss'"
-        return problem
+        return reply_problem(reply, reference=None, weighted_by_key=self.weighted_by_key,
+                             require_arrays=False)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -493,6 +541,12 @@ class StoCFL(ServerSideRound):
         """Return the metrics computed in ``configure_evaluate``."""
         result, self._eval_result = self._eval_result, None
         return result
+
+    def group_models(self) -> dict[int, GroupModel]:
+        """Each cluster's model theta_k with its members and last evaluation, by cluster."""
+        return {c: GroupModel(self.models[c], self.order(members), {
+            n: self.partition_ids[n] for n in members if n in self.partition_ids},
+            self.cluster_eval.get(c, {})) for c, members in self.clustering.clusters.items()}
 
     # --- results ----------------------------------------------------------------------
 

@@ -25,6 +25,10 @@ from typing import Any
 
 RUN_ID_PATTERN = re.compile(r"Successfully started run (\d+)")
 STATUS_COMPLETED = "finished:completed"
+# The last line of a Python traceback: "package.module.SomeError: what went wrong".
+EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Stalled|Exit)\b[^:\n]*: .+$",
+    re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,24 @@ class RunOutcome:
     def ok(self) -> bool:
         """Whether the run completed."""
         return self.status == STATUS_COMPLETED
+
+    def cause(self) -> str:
+        """Why the run did not complete: the last exception line of its log (e.g. the
+        missing-dataset error with its fix), else its status.
+        """
+        if self.ok:
+            return ""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            text = ""
+        return failure_cause(text) or f"{self.status} (no exception in the log)"
+
+
+def failure_cause(log: str) -> str | None:
+    """The last exception line (``SomeError: message``) of a run's log, if any."""
+    lines = EXCEPTION_LINE.findall(log)
+    return lines[-1].strip() if lines else None
 
 
 def toml_value(value: Any) -> str:

@@ -68,7 +68,7 @@ def test_unknown_keys_of_an_embedding_app_can_be_ignored() -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [("strategy", "fedsgd"), ("partition", "zipf"), ("model", "resnet"), ("dataset", "cifar"),
-     ("fedgsp-growth", "cubic"), ("fedgsp-icg-leftover", "keep"), ("relay-message", "query"),
+     ("fedgsp-growth", "cubic"), ("fedgsp-icg-leftover", "keep"),
      ("hierfl-policy", "best"), ("fesem-init", "random"), ("semifl-clusters", "by-size")],
 )
 def test_unknown_names_are_rejected_with_the_choices(key: str, value: str) -> None:
@@ -154,3 +154,10 @@ def test_fesem_and_semifl_are_built_from_the_run_config(tmp_path) -> None:
     from_file = build_strategy(cfg)
     assert from_file.source == "file" and from_file.assignment == {0: 1, 1: 0}
     assert from_file.weighted_average
+
+
+@pytest.mark.parametrize("value", ["query", "evaluate.hop", "train.", "train.a-b"])
+def test_relay_message_must_be_a_train_type(value: str) -> None:
+    with pytest.raises(ConfigError, match="'relay-message' must be 'train' or 'train.<ident"):
+        RunConfig.from_mapping({"relay-message": value})
+    assert RunConfig.from_mapping({"relay-message": "train.hop"}).relay_message == "train.hop"

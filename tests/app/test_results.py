@@ -27,6 +27,16 @@ def test_recorder_keeps_the_folder_current(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.load(folder / "model.npz")["w"], np.ones(3))
 
 
+def test_a_failed_run_says_why_and_keeps_its_rounds(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path / "run", {})
+    recorder.add_round({"round": 0, "central-acc": 0.1})
+    recorder.fail("TrainingStalled: FedGSP: no round trained in the last 3")
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["status"] == "failed" and not is_complete(tmp_path / "run")
+    assert metrics["summary"]["error"].startswith("TrainingStalled: FedGSP")
+    assert metrics["rounds"] == [{"round": 0, "central-acc": 0.1}]
+
+
 def test_a_corrupt_or_missing_metrics_file_is_not_complete(tmp_path: Path) -> None:
     assert read_metrics(tmp_path) is None and not is_complete(tmp_path)
     (tmp_path / "metrics.json").write_text("{not json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -102,17 +103,19 @@ def test_train_by_local_steps_is_one_full_batch_gradient_step(app: ClientApp) ->
         np.testing.assert_allclose(trained[key].numpy(), value, atol=1e-6)
 
 
-def test_relay_hop_echoes_its_position_and_is_deterministic(app: ClientApp) -> None:
-    def hop() -> RecordDict:
-        config = ConfigRecord({"relay-group": 4, "relay-hop": 2, "server-round": 3})
-        msg = instruction(RecordDict({"arrays": global_arrays(), "config": config}),
-                          "train.relay")
+def test_a_relay_hop_is_a_train_message_seeded_by_its_position(app: ClientApp) -> None:
+    def hop(position: int) -> RecordDict:
+        config = ConfigRecord({"relay-group": 4, "relay-hop": position, "server-round": 3,
+                               "batch-size": 4})
+        msg = instruction(RecordDict({"arrays": global_arrays(), "config": config}), "train")
         return app(msg, make_context(0, seed=7)).content
 
-    first, second = hop(), hop()
-    assert first["metrics"]["relay-group"] == 4 and first["metrics"]["relay-hop"] == 2
+    first, again, other = hop(2), hop(2), hop(3)
+    assert set(first["metrics"].keys()) == {"train-loss", "num-examples"}
     np.testing.assert_array_equal(first["arrays"]["1.weight"].numpy(),
-                                  second["arrays"]["1.weight"].numpy())
+                                  again["arrays"]["1.weight"].numpy())
+    assert not np.array_equal(first["arrays"]["1.weight"].numpy(),
+                              other["arrays"]["1.weight"].numpy())
 
 
 def test_evaluate_reports_loss_accuracy_and_test_size(app: ClientApp) -> None:
@@ -183,3 +186,57 @@ def test_histogram_reply_carries_the_semifl_cluster_of_the_node_config(app: Clie
     context.node_config["cluster-id"] = "-1"
     with pytest.raises(ValueError, match="node config 'cluster-id' must be an integer"):
         app(instruction(RecordDict(), "query.histogram"), context)
+
+
+class DictBatches(torch.utils.data.Dataset):
+    """A dataset of dict examples, as flwr-datasets' transforms give (``img``, ``label``)."""
+
+    def __init__(self, data: ClientData) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data.y_train)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"img": torch.from_numpy(self.data.x_train[i]),
+                "label": int(self.data.y_train[i])}
+
+
+@pytest.mark.parametrize("form", ["arrays", "tensors", "four-arrays", "loader", "loaders"])
+def test_hooks_take_the_apps_own_arrays_or_dataloaders(form: str) -> None:
+    data = DATA[1]
+    tensors = torch.utils.data.TensorDataset(torch.from_numpy(data.x_train),
+                                             torch.from_numpy(data.y_train))
+    sources = {
+        "arrays": (data.x_train, data.y_train),
+        "tensors": (torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        "four-arrays": (data.x_train, data.y_train, data.x_test, data.y_test),
+        "loader": torch.utils.data.DataLoader(tensors, batch_size=7),
+        "loaders": (torch.utils.data.DataLoader(DictBatches(data), batch_size=16),
+                    torch.utils.data.DataLoader(tensors, batch_size=16)),
+    }
+    # The app's own model, which predicts 3 classes: the histogram takes its width.
+    hooks = ClientHooks(load_data=lambda _c: sources[form],
+                        build_model=lambda _c, _d: model_for(None, DATA[0]))
+    app = register_hooks(ClientApp(), hooks)
+    reply = app(instruction(RecordDict(), "query.histogram"), make_context(1))
+    hist = reply.content.array_records["histogram"]["histogram"].numpy()
+    np.testing.assert_array_equal(hist, np.bincount(data.y_train, minlength=3))
+    sketch = app(instruction(RecordDict({"arrays": global_arrays()}), "query.sketch"),
+                 make_context(1)).content.array_records["sketch"]["sketch"].numpy()
+    expected = register_hooks(ClientApp(), ClientHooks(
+        load_data=lambda _c: data, build_model=model_for))(
+        instruction(RecordDict({"arrays": global_arrays()}), "query.sketch"),
+        make_context(1)).content.array_records["sketch"]["sketch"].numpy()
+    np.testing.assert_allclose(sketch, expected, atol=1e-5)
+
+
+def test_hooks_say_what_load_data_may_return() -> None:
+    hooks = ClientHooks(load_data=lambda _c: {"x": 1}, build_model=model_for)
+    with pytest.raises(ValueError, match="return ClientData, \\(x, y\\) arrays"):
+        hooks.client_data(make_context(0))
+    batches = [{"a": torch.zeros(2, 6), "b": torch.zeros(2, 6), "label": torch.zeros(2)}]
+    loader = torch.utils.data.DataLoader(batches, batch_size=None)
+    with pytest.raises(ValueError, match="need one label key"):
+        ClientHooks(load_data=lambda _c: loader, build_model=model_for).client_data(
+            make_context(0))

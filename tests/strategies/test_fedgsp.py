@@ -51,7 +51,7 @@ def test_fedgsp_trains_groups_sequentially_and_grows_them() -> None:
     assert strategy.history[1]["groups-trained"] == 2
     hops = [(m.metadata.message_type, m.content["config"]["relay-group"],
              m.content["config"]["relay-hop"]) for _, _, _, m in grid.pushed
-            if m.metadata.message_type == "train.relay"]
+            if m.metadata.message_type == "train"]
     assert [h[2] for h in hops[:12] if h[1] == 0] == list(range(6))
     queries = [m for _, _, t, m in grid.pushed if t == "query.histogram"]
     assert len(queries) == 12, "histograms must be asked once per node"
@@ -66,7 +66,7 @@ def test_node_ids_beyond_int64_are_kept_exact() -> None:
     grid = grid_of(big)
     strategy = FedGSP(num_groups=2, kappa=1.0, seed=0, fraction_evaluate=0.0)
     start(strategy, grid, rounds=1)
-    assert {n for _, n, t, _ in grid.pushed if t == "train.relay"} == set(big)
+    assert {n for _, n, t, _ in grid.pushed if t == "train"} == set(big)
     assert strategy.history[1]["skipped-nodes"] == 0
 
 
@@ -96,9 +96,9 @@ def test_a_node_without_the_histogram_handler_is_grouped_at_random() -> None:
     assert 3 in strategy.known.without and "histogram" in strategy.known.without[3]
     queries = [n for _, n, t, _ in grid.pushed if t == "query.histogram"]
     assert queries.count(3) == 1, "a node without the handler must be asked only once"
-    trained_nodes = {n for _, n, t, _ in grid.pushed if t == "train.relay"}
+    trained_nodes = {n for _, n, t, _ in grid.pushed if t == "train"}
     assert trained_nodes == set(range(8)), "node 3 must still be placed in a group"
-    assert strategy.history[2]["skipped-nodes"] == 1  # it has no train.relay either
+    assert strategy.history[2]["skipped-nodes"] == 0  # hops are plain train messages
 
 
 def test_a_silent_node_sits_out_until_it_answers_again() -> None:
@@ -155,7 +155,7 @@ def test_plain_train_messages_let_any_clientapp_relay() -> None:
     [({"alpha": 0.0}, "alpha"), ({"beta": 1.5}, "beta"), ({"kappa": 0.0}, "kappa"),
      ({"kappa": 1.5}, "kappa"), ({"growth": "cubic"}, "growth"),
      ({"grouping": "kmeans"}, "grouping"), ({"num_groups": 0}, "num_groups"),
-     ({"train_timeout": 0}, "timeouts"), ({"relay_message_type": "query"}, "relay")],
+     ({"train_timeout": 0}, "train_timeout"), ({"relay_message_type": "query"}, "relay")],
 )
 def test_parameters_are_validated(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):

@@ -1,39 +1,45 @@
-"""Our strategies with a plain Flower ClientApp (only @app.train / @app.evaluate), and
-with the same app after adding our handlers in a few lines.
+"""Drop-in: every strategy, with its default arguments, in a plain Flower ClientApp shaped
+like Flower's quickstart (only @app.train / @app.evaluate, its own metric names, ``lr``
+only in the train config); and the same app after adding our hooks in a few lines.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
 from fakegrid import FakeGrid
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.data import ClientData
-from fedgsp_flwr.strategies import FedAvg, FedGSP, FeSEM, HierFL, SemiFL, StoCFL
+from fedgsp_flwr.strategies import (
+    FedAvg,
+    FedGSP,
+    FedProx,
+    FeSEM,
+    HierFL,
+    SemiFL,
+    StoCFL,
+    TrainingStalled,
+)
 from helpers import make_context, run_rounds
 import plain_clientapp
 
 NODES = 6
-COMMON = {"fraction_evaluate": 1.0, "min_available_nodes": NODES}
-
-# Each runs unchanged with the plain app: relay hops go out as plain ``train`` messages,
-# and the nodes that cannot answer a histogram or sketch query fall back as documented.
-UNCHANGED: dict[str, Callable[[], Strategy]] = {
-    "fedavg": lambda: FedAvg(**COMMON),
-    "fedgsp": lambda: FedGSP(relay_message_type="train", num_groups=2, kappa=1.0, seed=0,
-                             **COMMON),
-    "semifl": lambda: SemiFL(relay_message_type="train", cluster_size=3, seed=0, **COMMON),
-    "hierfl": lambda: HierFL(num_edges=2, reach_per_user=1, policy="random", seed=0,
-                             **COMMON),
-    "stocfl": lambda: StoCFL(seed=0, **COMMON),
-    "fesem": lambda: FeSEM(k=2, seed=0, **COMMON),
+LR = 0.5
+DEFAULTS: dict[str, Callable[[], Any]] = {
+    "fedavg": FedAvg, "fedprox": FedProx, "fedgsp": FedGSP, "semifl": SemiFL,
+    "hierfl": HierFL, "stocfl": StoCFL, "fesem": FeSEM,
 }
+# The query each strategy asks first (none for FedAvg and FedProx).
+QUERY = {"fedgsp": "query.histogram", "semifl": "query.histogram",
+         "hierfl": "query.histogram", "fesem": "query.histogram", "stocfl": "query.sketch"}
 
 
 def hooks() -> ClientHooks:
@@ -57,51 +63,201 @@ def grid_of(app_factory: Callable[[], ClientApp]) -> FakeGrid:
 def with_our_handlers() -> ClientApp:
     # The few lines an existing project adds to its ClientApp:
     app = plain_clientapp.make_app()
-    register_hooks(app, hooks())  # query.histogram, query.sketch, train.relay, train.bilevel
+    register_hooks(app, hooks())  # query.histogram, query.sketch, train.bilevel
     return app
 
 
+def initial() -> ArrayRecord:
+    return ArrayRecord(plain_clientapp.Net().state_dict())
+
+
 def run(strategy: Strategy, grid: FakeGrid, rounds: int = 2) -> ArrayRecord:
-    initial = ArrayRecord(plain_clientapp.Net().state_dict())
-    result = run_rounds(strategy, grid, initial, rounds, lr=0.5)
-    assert result.arrays is not None
-    moved = [not np.array_equal(result.arrays[k].numpy(), initial[k].numpy())
-             for k in initial]
+    start = initial()
+    result = run_rounds(strategy, grid, start, rounds, lr=LR)
+    assert [(k, a.shape) for k, a in result.arrays.items()] == [
+        (k, a.shape) for k, a in start.items()]
+    moved = [not np.array_equal(result.arrays[k].numpy(), start[k].numpy()) for k in start]
     assert all(moved), "the model did not train"
     return result.arrays
 
 
-@pytest.mark.parametrize("name", list(UNCHANGED))
-def test_strategies_run_unchanged_with_a_plain_clientapp(name: str) -> None:
-    strategy = UNCHANGED[name]()
-    grid = grid_of(plain_clientapp.make_app)
-    run(strategy, grid)
-    rounds = strategy.history  # type: ignore[attr-defined]
-    assert rounds[2].get("train-rejected", 0) == 0 and rounds[2].get("skipped-nodes", 0) == 0
-    assert rounds[2]["eval-replies"] == NODES and rounds[2]["eval-acc"] > 0.25
-    types = {t for _, _, t, _ in grid.pushed}
-    assert "train.relay" not in types and "train.bilevel" not in types
-    if name in ("fedgsp", "semifl"):
-        # no histograms: grouped at random / clusters filled in partition order, and
-        # asked only once
-        assert len(strategy.known.without) == NODES  # type: ignore[attr-defined]
-        queries = [t for _, _, t, _ in grid.pushed if t == "query.histogram"]
-        assert len(queries) == NODES
-        assert rounds[2]["hops"] == NODES
+@pytest.mark.parametrize("name", list(DEFAULTS))
+def test_every_strategy_with_defaults_trains_a_plain_quickstart_app(
+        name: str, caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+    strategy = DEFAULTS[name]()
+    grid = grid_of(lambda: plain_clientapp.make_app(seen))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run(strategy, grid)
+    last = strategy.history[2]
+    # Nothing rejected, nothing skipped, metrics under the app's own names.
+    assert last.get("train-rejected", 0) == 0 and last.get("skipped-nodes", 0) == 0
+    assert last.get("eval-rejected", 0) == 0 and last["eval_acc"] > 0.25
+    assert "train_loss" in last and "eval_loss" in last
     if name == "stocfl":
-        assert len(strategy.plain) == NODES  # type: ignore[attr-defined]
+        assert 0 < last["eval_acc-global"] <= 1 and len(strategy.plain) == NODES
+    # The train config reaches the app's handler unchanged: relay hops, edge rounds...
+    trains = [config for kind, config in seen if kind == "train"]
+    assert trains and all(config["lr"] == LR for config in trains)
+    if name in ("fedgsp", "semifl"):
+        assert all("relay-hop" in config for config in trains)
+    if name == "hierfl":
+        assert {config["edge-round"] for config in trains} == {0, 1}
+    # Missing hooks cost one message and one warning per run, not one per node.
+    pushed = [kind for _, _, kind, _ in grid.pushed]
+    missing = [r.getMessage() for r in caplog.records if "ClientApp has no '" in r.getMessage()]
+    if name in QUERY:
+        assert pushed.count(QUERY[name]) == 1 and len(missing) == 1
+        assert QUERY[name] in missing[0] and "register_hooks(app" in missing[0]
+    else:
+        assert not missing and not any(kind.startswith("query") for kind in pushed)
+    assert not any("no histogram from node" in r.getMessage() for r in caplog.records)
+    # Cluster, centre, edge and group models, with their members, for saving.
+    models = strategy.group_models()
+    assert bool(models) == (name in ("fedgsp", "semifl", "hierfl", "fesem"))
+    for group in models.values():
+        assert list(group.arrays.keys()) == list(initial().keys())
+        assert set(group.nodes) <= set(range(NODES))
 
 
 def test_our_handlers_enable_histogram_grouping_and_sketch_clustering() -> None:
-    gsp = FedGSP(num_groups=2, kappa=1.0, seed=0, **COMMON)
+    gsp = FedGSP(num_groups=2, kappa=1.0, seed=0)
     grid = grid_of(with_our_handlers)
     run(gsp, grid)
     assert len(gsp.known.histograms) == NODES and not gsp.known.without
     assert gsp.history[2]["hops"] == NODES and "cpd-median" in gsp.history[2]
-    assert {t for _, _, t, _ in grid.pushed} >= {"query.histogram", "train.relay"}
+    assert {t for _, _, t, _ in grid.pushed} == {"query.histogram", "train", "evaluate"}
 
-    stocfl = StoCFL(seed=0, tau=0.3, **COMMON)
+    stocfl = StoCFL(seed=0, tau=0.3)
     grid = grid_of(with_our_handlers)
     run(stocfl, grid)
     assert not stocfl.plain and stocfl.history[2]["clustered-clients"] == NODES
     assert {t for _, _, t, _ in grid.pushed} >= {"query.sketch", "train.bilevel"}
+    assert "train-loss" in stocfl.history[2] and "global-train-loss" in stocfl.history[2]
+
+
+def test_stocfl_without_a_bilevel_handler_trains_both_models_with_plain_messages(
+        caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def app() -> ClientApp:
+        return register_hooks(plain_clientapp.make_app(seen), hooks(),
+                              handlers=("histogram", "sketch"))
+
+    strategy = StoCFL(seed=0, tau=0.3, lambda_=0.25)
+    grid = grid_of(app)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run(strategy, grid)
+    pushed = [kind for _, _, kind, _ in grid.pushed]
+    assert pushed.count("train.bilevel") == 1, "one probe, then plain train messages"
+    assert sum("has no 'train.bilevel'" in r.getMessage() for r in caplog.records) == 1
+    trains = [config for kind, config in seen if kind == "train"]
+    assert len(trains) == 2 * 2 * NODES  # two rounds, a cluster and a global training each
+    pulled = [c for c in trains if "proximal-mu" in c]
+    assert len(pulled) == 2 * NODES and all(c["proximal-mu"] == 0.25 for c in pulled)
+    assert all(c["lr"] == LR and c["lambda"] == 0.25 for c in trains)
+    last = strategy.history[2]
+    assert last["clusters-trained"] >= 1 and last.get("train-rejected", 0) == 0
+    assert "train_loss" in last and "global-train_loss" in last
+    start = initial()
+    assert all(not np.array_equal(g.arrays["fc.weight"].numpy(), start["fc.weight"].numpy())
+               for g in strategy.group_models().values())
+
+
+def failing_train(error: str, rounds: set[int] | None = None) -> Callable[[Message], str | None]:
+    """Fail every train message (of ``rounds``, if given) with ``error``."""
+    def fail(msg: Message) -> str | None:
+        config = msg.content["config"]
+        return error if rounds is None or config.get("server-round") in rounds else None
+    return fail
+
+
+@pytest.mark.parametrize("name", list(DEFAULTS))
+def test_a_run_where_every_training_fails_stops_with_the_clientapps_error(name: str) -> None:
+    error = "dataset 'mnist' not found: run apt-get install dataset-fashion-mnist"
+    seen: list[tuple[str, dict[str, Any]]] = []
+    grid = grid_of(lambda: plain_clientapp.make_app(seen, fail=failing_train(error)))
+    strategy = DEFAULTS[name]()
+    start = initial()
+    with pytest.raises(TrainingStalled, match="not found: run apt-get install") as info:
+        run_rounds(strategy, grid, start, 5, lr=LR)
+    assert "no round trained in the last 3 (rounds 1-3)" in str(info.value)
+    assert "Fix:" in str(info.value) and info.value.arrays is start
+    rounds = {config["server-round"] for kind, config in seen if kind == "train"}
+    assert rounds == {1, 2, 3}, "the run must stop after 3 rounds without training"
+
+
+@pytest.mark.parametrize("name", list(DEFAULTS))
+def test_a_round_that_trains_nothing_keeps_the_previous_model(name: str) -> None:
+    grid = grid_of(lambda: plain_clientapp.make_app(fail=failing_train("disk full", {2})))
+    strategy = DEFAULTS[name]()
+    models: dict[int, ArrayRecord] = {}
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        models[server_round] = arrays
+        return MetricRecord({"seen": server_round})
+
+    result = strategy.start(grid, initial(), num_rounds=2, timeout=30,
+                            train_config=ConfigRecord({"lr": LR}), evaluate_fn=evaluate_fn)
+    for key in models[1].keys():
+        np.testing.assert_array_equal(models[2][key].numpy(), models[1][key].numpy())
+        np.testing.assert_array_equal(result.arrays[key].numpy(), models[1][key].numpy())
+    assert not np.array_equal(models[1]["fc.weight"].numpy(), models[0]["fc.weight"].numpy())
+
+
+def test_a_run_shorter_than_the_limit_that_trains_nothing_does_not_complete() -> None:
+    grid = grid_of(lambda: plain_clientapp.make_app(fail=failing_train("CUDA out of memory")))
+    with pytest.raises(TrainingStalled, match="no round of the run's 2 trained.*CUDA"):
+        run_rounds(FedAvg(), grid, initial(), 2, lr=LR)
+
+
+def test_replies_with_other_metric_names_are_aggregated_not_rejected() -> None:
+    def node(name: str, value: float, examples: int) -> Callable[[Message], Message]:
+        def handle(msg: Message) -> Message:
+            metrics = MetricRecord({name: value, "num-examples": examples})
+            if msg.metadata.message_type == "train":
+                return Message(RecordDict({"arrays": msg.content["arrays"],
+                                           "metrics": metrics}), reply_to=msg)
+            return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+        return handle
+
+    grid = FakeGrid({0: node("acc", 0.2, 10), 1: node("acc", 0.5, 30),
+                     2: node("accuracy", 0.9, 10)})
+    strategy = FedAvg()
+    result = run_rounds(strategy, grid, initial(), 1)
+    last = strategy.history[1]
+    assert last["train-rejected"] == 0 and last["eval-rejected"] == 0
+    assert last["acc"] == pytest.approx((0.2 * 10 + 0.5 * 30) / 40)
+    assert last["accuracy"] == pytest.approx(0.9)
+    assert result.train_metrics_clientapp[1]["acc"] == pytest.approx(0.425)
+
+
+def test_start_timeout_bounds_the_replies_a_strategy_waits_for() -> None:
+    grid = grid_of(plain_clientapp.make_app)
+    grid.delays = {0: 3.0}
+    strategy = SemiFL()  # one chain through all six nodes, node 0 first
+    result = strategy.start(grid, initial(), num_rounds=1, timeout=0.5,
+                            train_config=ConfigRecord({"lr": LR}))
+    assert strategy.history[1]["skipped-nodes"] == 1
+    assert strategy.last_chains[0].hops[0].reason == "no reply within 0.5s"
+    assert list(result.arrays.keys()) == list(initial().keys())
+
+
+@pytest.mark.parametrize("name", list(DEFAULTS))
+def test_flowers_metric_aggregation_functions_replace_ours(name: str) -> None:
+    calls: dict[str, int] = {"train": 0, "evaluate": 0}
+
+    def counting(stage: str) -> Callable[[list[RecordDict], str], MetricRecord]:
+        def aggregate(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
+            calls[stage] += 1
+            assert weighted_by_key == "num-examples" and records
+            return MetricRecord({f"my-{stage}-replies": len(records)})
+        return aggregate
+
+    strategy = DEFAULTS[name](train_metrics_aggr_fn=counting("train"),
+                              evaluate_metrics_aggr_fn=counting("evaluate"))
+    run(strategy, grid_of(plain_clientapp.make_app))
+    last = strategy.history[2]
+    assert calls["train"] >= 2 and calls["evaluate"] >= 2
+    assert last["my-train-replies"] >= 1 and "train_loss" not in last
+    assert any(key.startswith("eval-my-evaluate-replies") for key in last), sorted(last)

@@ -52,7 +52,7 @@ def test_a_chain_trains_in_order_and_hands_each_model_on() -> None:
     assert [(c["relay-group"], c["relay-hop"], c["lr"]) for _, _, c in seen] == [
         (0, 0, 0.1), (0, 1, 0.1), (0, 2, 0.1)]
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [111, 111, 111])
-    assert result.num_examples == 30 and result.trained and result.skipped == []
+    assert result.num_examples == 30 and result.trained and result.skipped == {}
     assert all(h.bytes_sent > 0 and h.bytes_received > 0 for h in result.hops)
 
 
@@ -75,7 +75,7 @@ def test_a_failing_node_is_skipped_and_its_model_goes_on() -> None:
     (result,) = run_relay(grid, [[1, 2, 3]], START, ConfigRecord(), train_timeout=5)
     assert seen[1][0] == 3 and seen[1][1][0] == 1, "node 3 did not get node 1's model"
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [101] * 3)
-    assert result.skipped == [2] and result.num_examples == 20
+    assert list(result.skipped) == [2] and result.num_examples == 20
     assert result.hops[1].status == "error" and "out of memory" in result.hops[1].reason
 
 
@@ -91,7 +91,7 @@ def test_a_silent_node_times_out_and_a_late_reply_is_ignored() -> None:
     started = time.monotonic()
     (result,) = run_relay(grid, [[1, 2, 3]], START, ConfigRecord(), train_timeout=0.1)
     assert time.monotonic() - started < 0.45
-    assert result.hops[1].status == "timeout" and result.skipped == [2]
+    assert result.hops[1].status == "timeout" and list(result.skipped) == [2]
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [101] * 3)
 
 
@@ -102,11 +102,31 @@ def test_a_chain_whose_every_node_fails_keeps_the_start_model() -> None:
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [0, 0, 0])
 
 
-@pytest.mark.parametrize("message_type", ["train.relay", "train"])
+@pytest.mark.parametrize("message_type", ["train.hop", "train"])
 def test_hops_use_the_configured_message_type(message_type: str) -> None:
     grid = FakeGrid({1: adder(1)})
     run_relay(grid, [[1]], START, ConfigRecord(), train_timeout=5, message_type=message_type)
     assert grid.pushed[0][2] == message_type
+
+
+def test_a_node_without_the_hop_handler_gets_plain_train_from_then_on() -> None:
+    def plain_only(message: Message) -> Message:
+        if message.metadata.message_type != "train":
+            raise ValueError("No train function registered with name 'hop'")
+        return adder(10)(message)
+
+    grid = FakeGrid({1: adder(1), 2: plain_only, 3: adder(100)})
+    plain: set[int] = set()
+    (result,) = run_relay(grid, [[1, 2, 3]], START, ConfigRecord(), train_timeout=5,
+                          message_type="train.hop", plain_nodes=plain)
+    assert result.skipped == {} and plain == {2}
+    np.testing.assert_array_equal(result.arrays["w"].numpy(), [111] * 3)
+    assert [(n, t) for _, n, t, _ in grid.pushed] == [
+        (1, "train.hop"), (2, "train.hop"), (2, "train"), (3, "train.hop")]
+    grid.pushed.clear()
+    run_relay(grid, [[2, 1]], START, ConfigRecord(), train_timeout=5,
+              message_type="train.hop", plain_nodes=plain)
+    assert [(n, t) for _, n, t, _ in grid.pushed] == [(2, "train"), (1, "train.hop")]
 
 
 def test_a_node_that_cannot_be_reached_is_skipped() -> None:
@@ -119,7 +139,7 @@ def test_a_node_that_cannot_be_reached_is_skipped() -> None:
 
     grid = GoneGrid({1: adder(1), 2: adder(50), 3: adder(100)})
     (result,) = run_relay(grid, [[1, 2, 3]], START, ConfigRecord(), train_timeout=5)
-    assert result.skipped == [2] and "disconnected" in result.hops[1].reason
+    assert list(result.skipped) == [2] and "disconnected" in result.hops[1].reason
     assert result.hops[1].status == "lost"
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [101] * 3)
 
@@ -152,7 +172,7 @@ def test_the_relay_polls_and_never_waits_in_send_and_receive() -> None:
     grid = NoBlockingGrid({n: adder(1) for n in range(1, 6)}, delays={n: 0.05 for n in range(1, 6)})
     started = time.monotonic()
     (result,) = run_relay(grid, [[1, 2, 3, 4, 5]], START, ConfigRecord(), train_timeout=5)
-    assert result.skipped == [] and result.num_examples == 50
+    assert result.skipped == {} and result.num_examples == 50
     # five hops of 0.05 s each: forwarded within a poll (0.02 s) of each reply
     assert time.monotonic() - started < 0.5
     assert all(h.latency < 0.15 for h in result.hops)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from fedgsp_flwr.strategies import FedAvg, FedProx, filter_replies
+from fedgsp_flwr.strategies import FedAvg, FedProx, aggregate_metrics, filter_replies
 from helpers import instruction
 
 REFERENCE = ArrayRecord({"w": Array(np.zeros((2, 2), np.float32)),
@@ -93,13 +93,28 @@ def test_rejection_is_logged_naming_the_node(caplog) -> None:
     assert "rejected reply from node 2" in caplog.text and "NaN" in caplog.text
 
 
-def test_metric_names_must_agree_with_the_majority() -> None:
+def test_a_reply_is_never_rejected_for_its_metric_names() -> None:
     odd = reply(4, extra={"other": 1.0})
     sound, rejected = filter_replies(
         [reply(1), reply(3), odd], reference=REFERENCE, weighted_by_key="num-examples",
         require_arrays=True, stage="aggregate_train",
     )
-    assert len(sound) == 2 and "differ from the others'" in rejected[4]
+    assert len(sound) == 3 and not rejected
+
+
+def test_metrics_are_averaged_per_name_over_the_replies_that_report_them() -> None:
+    def content(examples: int, **metrics: float | list[float]) -> RecordDict:
+        return RecordDict({"metrics": MetricRecord({**metrics, "n": examples})})
+
+    out = aggregate_metrics([content(10, loss=1.0, acc=[0.0, 1.0]),
+                             content(30, loss=3.0, acc=[1.0, 1.0]),
+                             content(20, f1=0.5, acc=[1.0, 0.0, 1.0])], "n")
+    assert set(out.keys()) == {"loss", "f1"}, "lists of unequal length are left out"
+    assert out["loss"] == pytest.approx(2.5) and out["f1"] == pytest.approx(0.5)
+    same = aggregate_metrics([content(10, acc=[0.0, 1.0]), content(30, acc=[1.0, 1.0])], "n")
+    assert same["acc"] == pytest.approx([0.75, 1.0])
+    assert aggregate_metrics([RecordDict({"metrics": MetricRecord({"x": 2.0})})],
+                             "n")["x"] == 2.0, "a reply without the weight weighs 1"
 
 
 def test_all_replies_bad_leaves_the_model_unchanged() -> None:

@@ -55,7 +55,7 @@ def chains_of(grid: FakeGrid) -> dict[tuple[int, int], list[int]]:
     """(round, relay group) -> partitions of its hops, in the order they were sent."""
     out: dict[tuple[int, int], list[int]] = {}
     for _, node, kind, message in grid.pushed:
-        if kind == "train.relay":
+        if kind == "train":
             config = message.content["config"]
             out.setdefault((int(config["server-round"]), int(config["relay-group"])),
                            []).append((node - 1000) // 37)
@@ -83,7 +83,7 @@ def test_every_cluster_trains_in_sequence_and_uploads_one_model() -> None:
     round_1 = strategy.history[1]
     assert round_1["uploads"] == 2 and round_1["hops"] == 6
     assert round_1["label-coverage"] == 3 and round_1["cluster-sizes"] == [3, 3]
-    hops = [m for _, _, kind, m in grid.pushed if kind == "train.relay"]
+    hops = [m for _, _, kind, m in grid.pushed if kind == "train"]
     assert [int(m.content["config"]["relay-hop"]) for m in hops if
             int(m.content["config"]["relay-group"]) == 0] == [0, 1, 2]
 

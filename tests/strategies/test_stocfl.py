@@ -56,9 +56,15 @@ def test_latent_groups_become_clusters_and_are_scored() -> None:
     assert last["num-clusters"] == 2 and last["ari"] == 1.0 and last["nmi"] == 1.0
     assert last["clustered-clients"] == 12
     # Evaluation scores each node on its cluster's model and on the global model.
-    assert last["eval-clients"] == 12 and 0 <= last["eval-global-acc"] <= 1
+    assert last["eval-clients"] == 12 and 0 <= last["eval-acc-global"] <= 1
     # Label shifts conflict: one global model cannot fit both groups, cluster models can.
-    assert last["eval-acc"] > last["eval-global-acc"] + 0.2
+    assert last["eval-acc"] > last["eval-acc-global"] + 0.2
+    # Per cluster: its model, its members and their evaluation on it.
+    models = strategy.group_models()
+    assert sorted(sorted(g.nodes) for g in models.values()) == [
+        [n for n in nodes if n % 2 == 0], [n for n in nodes if n % 2 == 1]]
+    assert all(g.metrics["eval-acc"] > last["eval-acc-global"] for g in models.values())
+    assert all(models[c].arrays is strategy.models[c] for c in models)
     # Sketches are asked once per node, with the anchor (initial) model.
     sketch_queries = [p for p in grid.pushed if p[2] == "query.sketch"]
     assert sorted(p[1] for p in sketch_queries) == nodes

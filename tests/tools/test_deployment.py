@@ -9,6 +9,7 @@ the runs are one round over three nodes.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ import pytest
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.federation import LocalFederation
 from fedgsp_flwr.tools.launcher import RunOutcome, is_running
+from helpers import quickstart_app
 
 pytestmark = pytest.mark.deployment
 
@@ -181,7 +183,7 @@ def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
         rounds, log, victim_log = crash_and_return(
             fed, {"strategy": "fedgsp", "fedgsp-kappa": 1.0,
                   "train-timeout": 20.0, "query-timeout": 20.0},
-            tmp_path / "results", "train.relay", nth=1)
+            tmp_path / "results", "train", nth=1)
     # Round 1: the lost hop is skipped and the first hop's model goes on to the third.
     assert rounds[1]["hops"] == 3 and rounds[1]["skipped-nodes"] == 1
     assert rounds[1]["groups-trained"] == 1
@@ -192,7 +194,7 @@ def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
     assert [r["skipped-nodes"] for r in rounds[2:]] == [0, 0]
     assert rounds[3]["hops"] == 3
     assert "Receiving: query.histogram" in victim_log
-    assert "Receiving: train.relay" in victim_log
+    assert "Receiving: train message" in victim_log
 
 
 def test_a_node_killed_mid_stocfl_round_is_skipped_and_a_returning_node_rejoins(
@@ -210,3 +212,30 @@ def test_a_node_killed_mid_stocfl_round_is_skipped_and_a_returning_node_rejoins(
     assert rounds[3]["train-replies"] == 3
     assert "Receiving: query.sketch" in victim_log
     assert "Receiving: train.bilevel" in victim_log
+
+
+def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
+        tmp_path: Path) -> None:
+    """Flower's quickstart app (tests/quickstart), our strategies at default arguments,
+    on three real SuperNodes: both train, and a missing hook costs one message each.
+    """
+    with LocalFederation(quickstart_app(tmp_path), tmp_path / "fed") as fed:
+        fed.start()
+        for partition in range(3):
+            fed.add_node({"partition-id": partition, "num-partitions": 3})
+        fed.wait_for_nodes(3)
+        outcome = fed.run({"strategies": "fedgsp,stocfl", "num-server-rounds": 2,
+                           "train-examples": 3000, "lr": 0.02,
+                           "out-dir": str(tmp_path / "out")},
+                          log_path=tmp_path / "run.log", timeout=900)
+        node_logs = "".join(n.log_path.read_text() for n in fed.nodes)
+    assert outcome.ok, outcome.cause()
+    rows = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "summary.json")
+                                                 .read_text())}
+    for name, query in (("fedgsp", "query.histogram"), ("stocfl", "query.sketch")):
+        row = rows[name]
+        assert not row["error"] and row["trained-rounds"] == 2 and row["moved"], row
+        assert row["final-tensors"] == 10 and row["rejected"] == 0, row
+        assert len(row["missing-hook-warnings"]) == 1 and query in row[
+            "missing-hook-warnings"][0], row
+        assert node_logs.count(f"Receiving: {query} message") == 1, query

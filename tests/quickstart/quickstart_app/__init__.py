@@ -1,0 +1,1 @@
+"""Flower's quickstart-pytorch app on offline MNIST (2 label shards per node)."""
