@@ -30,8 +30,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
+from ..strategies import FedAvg
 from ..strategies.state import (
     NodeMap,
     StrategyState,
@@ -197,16 +198,28 @@ class ResumedRounds(Strategy):
 
     Parameters
     ----------
-    strategy : Strategy
-        The strategy, its state restored.
+    strategy : FedAvg
+        The strategy (ours), its state restored.
     offset : int
         Rounds already completed.
     """
 
-    def __init__(self, strategy: Strategy, offset: int) -> None:
+    def __init__(self, strategy: FedAvg, offset: int) -> None:
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
         self.strategy, self.offset = strategy, offset
+
+    def start(  # type: ignore[override]  # Flower's parameters, passed on
+        self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+        timeout: float = 3600, **kwargs: Any,
+    ) -> Result:
+        """Flower's loop over the remaining rounds, with the wrapped strategy's checks
+        before and after (see :meth:`FedAvg.start`).
+        """
+        self.strategy.begin_run(initial_arrays, timeout)
+        result = super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                               **kwargs)
+        return self.strategy.end_run(result, num_rounds)
 
     def summary(self) -> None:
         """Log the wrapped strategy's summary and where it resumes."""

@@ -7,7 +7,7 @@ Add our hooks to an existing ClientApp in a few lines::
 
     app = ClientApp()          # your app, with its own @app.train() / @app.evaluate()
     register_hooks(app, ClientHooks(load_data=my_data, build_model=my_model))
-    # adds query.histogram, query.sketch and train.relay
+    # adds query.histogram, query.sketch and train.bilevel
 """
 
 from .handlers import (

@@ -149,6 +149,8 @@ class ClientHooks:
         batches or of dict batches with a label key (``label``, ``labels``, ``y``,
         ...) and one feature key, or a ``(train_loader, test_loader)`` pair (what
         Flower's quickstart's ``load_data`` returns). Loaders are read once per call.
+        Features become float32, labels int64; without a test split our ``evaluate``
+        handler scores the training data.
     build_model : Callable[[Context, ClientData], torch.nn.Module]
         Returns a model whose ``state_dict`` keys and shapes match the server's arrays
         (an app's ``lambda *_: Net()`` will do).
@@ -187,15 +189,16 @@ def _arrays_of(source: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     """(x_train, y_train, x_test, y_test) from the forms ``ClientHooks.load_data`` takes."""
     if isinstance(source, (tuple, list)) and len(source) in (2, 4) and all(
             _is_array(a) for a in source):
-        parts = [_numpy(a) for a in source]
-        return (parts[0], parts[1], parts[0][:0], parts[1][:0]) if len(parts) == 2 else (
+        parts = [_numpy(a).astype(np.int64 if i % 2 else np.float32, copy=False)
+                 for i, a in enumerate(source)]
+        return (*parts, *parts) if len(parts) == 2 else (  # type: ignore[return-value]
             parts[0], parts[1], parts[2], parts[3])
     if isinstance(source, (tuple, list)) and len(source) == 2 and all(
             _is_loader(a) for a in source):
         return (*_read_loader(source[0]), *_read_loader(source[1]))
     if _is_loader(source):
         x, y = _read_loader(source)
-        return x, y, x[:0], y[:0]
+        return x, y, x, y
     raise ValueError(
         f"ClientHooks.load_data returned {type(source).__name__}; return ClientData, "
         "(x, y) arrays, (x_train, y_train, x_test, y_test), a DataLoader or a "
@@ -237,11 +240,22 @@ def _read_loader(loader: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _output_width(model: torch.nn.Module, x: np.ndarray) -> int:
-    """The number of classes a model predicts: the width of its output for one example."""
+    """The number of classes a model predicts: the width of its output for one example.
+
+    Raises
+    ------
+    ValueError
+        If the model predicts no class (a builder that reads ``data.num_classes``).
+    """
     import torch
 
+    model.eval()
     with torch.no_grad():
-        return int(model(torch.from_numpy(x[:1])).shape[-1])
+        width = int(model(torch.from_numpy(x[:1])).shape[-1])
+    if width < 1:
+        raise ValueError("ClientHooks could not tell the number of classes from the model's "
+                         "output: pass ClientHooks(num_classes=...)")
+    return width
 
 
 def register_hooks(

@@ -136,7 +136,7 @@ class FedAvg(FlowerFedAvg):
             kwargs[key] = kwargs.get(key) or aggregate_metrics
         super().__init__(**kwargs)
         check_parameters(type(self).__name__, [
-            (isinstance(max_untrained_rounds, int) and max_untrained_rounds >= 1,
+            (type(max_untrained_rounds) is int and max_untrained_rounds >= 1,
              f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
         ])
         self.history: dict[int, dict[str, Any]] = {}
@@ -171,14 +171,32 @@ class FedAvg(FlowerFedAvg):
             If ``max_untrained_rounds`` rounds in a row, or every round of the run,
             trained nothing; its ``arrays`` is the last model that trained.
         """
+        self.begin_run(initial_arrays, timeout)
+        result = super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                               train_config=train_config, evaluate_config=evaluate_config,
+                               evaluate_fn=evaluate_fn, **kwargs)
+        return self.end_run(result, num_rounds)
+
+    def begin_run(self, initial_arrays: ArrayRecord, timeout: float) -> None:
+        """Before a run's first round (:meth:`start` calls it; so does a wrapper that
+        runs Flower's loop itself, such as a resumed run's).
+        """
         self.progress.reset(initial_arrays)
         self.start_timeout = timeout
-        result = super().start(grid, initial_arrays, num_rounds, timeout, train_config,
-                               evaluate_config, evaluate_fn, **kwargs)
+
+    def end_run(self, result: Result, num_rounds: int) -> Result:
+        """After a run's last round: fill an empty ``result.arrays`` with the last model
+        that trained.
+
+        Raises
+        ------
+        TrainingStalled
+            If no round of the run trained.
+        """
         if num_rounds > 0 and self.progress.trained_rounds == 0:
             raise self.progress.stalled(f"no round of the run's {num_rounds} trained")
-        if not result.arrays:  # Flower's Result starts empty
-            result.arrays = self.progress.last_trained or initial_arrays
+        if not result.arrays and self.progress.last_trained is not None:
+            result.arrays = self.progress.last_trained  # Flower's Result starts empty
         return result
 
     def group_models(self) -> dict[int, GroupModel]:

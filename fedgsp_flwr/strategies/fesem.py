@@ -19,6 +19,7 @@ from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
 from ..core.sampling import sample_share
 from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
+from .metrics import reply_metrics
 from .nodes import NodeHistograms, collect_reply_list, node_label
 from .replies import reply_problem
 from .state import (
@@ -299,7 +300,7 @@ class FeSEM(ServerSideRound):
         assert self.layout is not None
         nodes = [node for node, _ in sound]
         x = self.stack([next(iter(r.content.array_records.values())) for _, r in sound])
-        contents = [r.content["metrics"] for _, r in sound]
+        contents = [reply_metrics(r.content) for _, r in sound]
         weights = np.array([float(cast(float, m[self.weighted_by_key])) for m in contents])
         columns = self.layout.columns(self.layers)
         if self.centres is None:

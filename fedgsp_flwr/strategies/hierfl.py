@@ -24,6 +24,7 @@ from ..core.edge_assignment import (
     warm_start,
 )
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
+from .metrics import reply_metrics
 from .nodes import NodeHistograms, collect_replies
 from .replies import filter_replies
 from .state import (
@@ -245,6 +246,7 @@ class HierFL(ServerSideRound):
         edge_weight: dict[int, float] = {}
         rejected: dict[int, str] = {}
         user_replies: list[Message] = []
+        asked: set[int] = set()
         sent = received = messages = used = 0
         for edge_round in range(self.tau2):
             train_config = ConfigRecord(dict(config))
@@ -262,6 +264,7 @@ class HierFL(ServerSideRound):
                                             message_type="train"))
             sent += array_bytes(outgoing)
             messages += len(outgoing)
+            asked.update(m.metadata.dst_node_id for m in outgoing)
             replies = collect_replies(grid, outgoing, self.reply_timeout)
             self.known.forget_unanswered((m.metadata.dst_node_id,
                                           replies.get(m.metadata.dst_node_id))
@@ -279,7 +282,7 @@ class HierFL(ServerSideRound):
                 sound.sort(key=lambda m: m.metadata.src_node_id)
                 user_replies.extend(sound)
                 # filter_replies checked the weights: finite numbers > 0
-                weights = [float(cast(float, m.content["metrics"][self.weighted_by_key]))
+                weights = [float(cast(float, reply_metrics(m.content)[self.weighted_by_key]))
                            for m in sound]
                 edge_models[edge] = average_arrays(
                     [next(iter(m.content.array_records.values())) for m in sound], weights)
@@ -298,7 +301,7 @@ class HierFL(ServerSideRound):
                         "user-edge-messages": messages, "bytes-sent": sent,
                         "bytes-received": received, "train-time":
                         time.monotonic() - started})
-        return self.finish_round(server_round, cloud, metrics, used, rejected, messages)
+        return self.finish_round(server_round, cloud, metrics, used, rejected, len(asked))
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each edge's model after the last cloud round, with its users, by edge."""

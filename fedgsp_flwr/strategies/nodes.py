@@ -43,12 +43,15 @@ def collect_reply_list(
     Returns
     -------
     list[Message | None]
-        The reply to each message, in order; ``None`` where none came in time.
+        The reply to each message, in order; ``None`` where none came in time (or the
+        grid did not take the message: a node that left).
     """
-    ids = list(grid.push_messages(list(messages)))
-    position = {mid: i for i, mid in enumerate(ids)}
-    replies: list[Message | None] = [None] * len(ids)
     deadline = time.monotonic() + timeout
+    pushed = set(grid.push_messages(list(messages)))
+    # Grids set each message's id as they push it; one they refused has none in `pushed`.
+    position = {m.metadata.message_id: i for i, m in enumerate(messages)
+                if m.metadata.message_id in pushed}
+    replies: list[Message | None] = [None] * len(messages)
     while position and time.monotonic() < deadline:
         batch = list(grid.pull_messages(list(position)))
         for reply in batch:
@@ -96,6 +99,11 @@ class HookSupport:
     def collect(self, grid: Grid, messages: Sequence[Message], timeout: float,
                 poll_interval: float = 0.02) -> list[Message | None]:
         """:func:`collect_reply_list`, a type not yet answered probed with one message.
+
+        The other messages wait for the probe's reply; if the probe's node is silent,
+        they are sent when its ``timeout`` ends and get a ``timeout`` of their own (so
+        the call can take up to twice ``timeout``, and the type is probed again next
+        time).
 
         Returns
         -------

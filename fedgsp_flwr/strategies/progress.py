@@ -47,7 +47,7 @@ def fix_for(reason: str, weighted_by_key: str) -> str:
         return ("no node answered in time: check that the SuperNodes are connected and "
                 "raise the timeout (train_timeout, or start()'s timeout) if training "
                 "takes longer")
-    if "expected" in reason and "array" in reason:
+    if "expected" in reason and "array" in reason.lower():
         return ("the ClientApp's model must have the keys, shapes and dtypes of the "
                 "initial arrays given to start()")
     return "fix the ClientApp error quoted above (the SuperNodes' logs have its traceback)"

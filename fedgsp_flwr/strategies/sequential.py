@@ -97,15 +97,19 @@ class RelayStrategy(ServerSideRound):
         """Return this round's chains (node ids in training order) and round metrics."""
 
     def checkpoint_state(self) -> StrategyState:
-        """The random generator, beside what is known of the nodes."""
+        """The random generator and the nodes that take hops as plain ``train``, beside
+        what is known of the nodes.
+        """
         state = super().checkpoint_state()
         state.meta["relay-rng"] = generator_state(self.rng)
+        state.meta["relay-plain-nodes"] = sorted(self.plain_nodes)
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`."""
         super().restore_state(state, node_map)
         set_generator_state(self.rng, state.meta["relay-rng"])
+        self.plain_nodes = {node_map(n) for n in state.meta.get("relay-plain-nodes", [])}
 
     def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
         """A method's own estimate of a round's traffic, reported beside the measured."""

@@ -59,8 +59,8 @@ FALLBACKS = {
     SKETCH: "those nodes stay out of the clustering: they train the global model with "
             "plain 'train' messages and are scored with it (FedAvg)",
     BILEVEL: "each clustered node trains its cluster model and the global model with two "
-             "plain 'train' messages (the pull to the global model goes as 'proximal-mu', "
-             "for train handlers that apply it)",
+             "plain 'train' messages (without the cluster model's pull to the global one: "
+             "lambda = 0, plain clustered FL)",
 }
 
 
@@ -279,13 +279,19 @@ class StoCFL(ServerSideRound):
         """The connected nodes less the suspects that still do not answer.
 
         A node that did not answer its last message (crashed, or its SuperNode went
-        offline) is asked for its sketch anew before it is sampled again; it keeps its
-        cluster. Suspects that left the grid are dropped from the list.
+        offline) is asked for its sketch anew (an ``evaluate`` where the ClientApp has no
+        sketch handler) before it is sampled again; it keeps its cluster. Suspects that
+        left the grid are dropped from the list.
         """
         self.suspects &= set(connected)
         probe = self.order(self.suspects)
         if probe:
-            replies = self.hooks.collect(grid, self.sketch_queries(probe), self.query_timeout)
+            queries = self.sketch_queries(probe)
+            if not self.hooks.has(SKETCH):  # every ClientApp answers an evaluation
+                queries = [Message(RecordDict({"arrays": m.content["arrays"]}),
+                                   dst_node_id=m.metadata.dst_node_id,
+                                   message_type="evaluate") for m in queries]
+            replies = self.hooks.collect(grid, queries, self.query_timeout)
             self.suspects = {n for n, r in zip(probe, replies, strict=True) if unreachable(r)}
             log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
                 len(probe) - len(self.suspects), len(probe), sorted(self.suspects) or "none")
@@ -433,8 +439,8 @@ class StoCFL(ServerSideRound):
 
         A plain node: one ``train`` of w (kind ``global``). A clustered node:
         ``train.bilevel`` with w and theta_k; or, where the ClientApp has no bi-level
-        handler, a ``train`` of theta_k (kind ``cluster``, ``proximal-mu`` = lambda in
-        its config for handlers that apply it) and a ``train`` of w.
+        handler, a ``train`` of theta_k (kind ``cluster``) and a ``train`` of w: a plain
+        train handler has no pull of theta_k to w, so that is StoCFL with lambda = 0.
         """
         def message(kind: str, content: RecordDict) -> tuple[int, str, Message]:
             message_type = BILEVEL if kind == BILEVEL else "train"
@@ -446,8 +452,7 @@ class StoCFL(ServerSideRound):
         if self.hooks.has(BILEVEL):
             return [message(BILEVEL, RecordDict({GLOBAL: arrays, CLUSTER: theta,
                                                  "config": config}))]
-        pulled = ConfigRecord({**dict(config), "proximal-mu": self.lambda_})
-        return [message(CLUSTER, RecordDict({"arrays": theta, "config": pulled})),
+        return [message(CLUSTER, RecordDict({"arrays": theta, "config": config})),
                 message(GLOBAL, RecordDict({"arrays": arrays, "config": config}))]
 
     def train_reply_problem(self, reply: Message, sent: ArrayRecord,

@@ -202,13 +202,15 @@ class DictBatches(torch.utils.data.Dataset):
                 "label": int(self.data.y_train[i])}
 
 
-@pytest.mark.parametrize("form", ["arrays", "tensors", "four-arrays", "loader", "loaders"])
+@pytest.mark.parametrize("form", ["arrays", "float64-int32", "tensors", "four-arrays",
+                                  "loader", "loaders"])
 def test_hooks_take_the_apps_own_arrays_or_dataloaders(form: str) -> None:
     data = DATA[1]
     tensors = torch.utils.data.TensorDataset(torch.from_numpy(data.x_train),
                                              torch.from_numpy(data.y_train))
     sources = {
         "arrays": (data.x_train, data.y_train),
+        "float64-int32": (data.x_train.astype(np.float64), data.y_train.astype(np.int32)),
         "tensors": (torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
         "four-arrays": (data.x_train, data.y_train, data.x_test, data.y_test),
         "loader": torch.utils.data.DataLoader(tensors, batch_size=7),
@@ -229,6 +231,21 @@ def test_hooks_take_the_apps_own_arrays_or_dataloaders(form: str) -> None:
         instruction(RecordDict({"arrays": global_arrays()}), "query.sketch"),
         make_context(1)).content.array_records["sketch"]["sketch"].numpy()
     np.testing.assert_allclose(sketch, expected, atol=1e-5)
+    # Our evaluate handler scores the training data where the app gives no test split.
+    app = register_hooks(ClientApp(), hooks, handlers=("evaluate",))
+    metrics = app(instruction(RecordDict({"arrays": global_arrays()}), "evaluate"),
+                  make_context(1)).content["metrics"]
+    assert metrics["num-examples"] == (len(data.y_test) if form == "four-arrays"
+                                       else len(data.y_train))
+
+
+def test_hooks_need_num_classes_when_the_model_reads_it_from_the_data() -> None:
+    hooks = ClientHooks(load_data=lambda _c: (DATA[0].x_train, DATA[0].y_train),
+                        build_model=model_for)  # builds data.num_classes outputs
+    with pytest.raises(ValueError, match="pass ClientHooks\\(num_classes=...\\)"):
+        hooks.client_data(make_context(0))
+    hooks = ClientHooks(load_data=hooks.load_data, build_model=model_for, num_classes=3)
+    assert hooks.client_data(make_context(0)).histogram().sum() == len(DATA[0].y_train)
 
 
 def test_hooks_say_what_load_data_may_return() -> None:

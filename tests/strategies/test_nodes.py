@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 
 from fakegrid import FakeGrid
-from fedgsp_flwr.strategies.nodes import HookSupport, missing_handler
+from fedgsp_flwr.strategies.nodes import HookSupport, collect_reply_list, missing_handler
 
 
 def node(*types: str):
@@ -59,3 +60,26 @@ def test_nodes_without_the_hook_among_nodes_with_it_are_answered_one_by_one() ->
     replies = hooks.collect(grid, messages("query.x", range(3)), timeout=5)
     assert [missing_handler(r) for r in replies] == [False, True, False]
     assert hooks.has("query.x"), "the probe answered: the type is there"
+
+
+def test_replies_stay_aligned_when_the_grid_refuses_a_push() -> None:
+    class Refusing(FakeGrid):
+        def push_messages(self, messages):  # noqa: ANN001, ANN201 - Grid interface
+            kept = [m for m in messages if m.metadata.dst_node_id != 1]  # node 1 left
+            return super().push_messages(kept)
+
+    grid = Refusing({n: node("train", "query.x") for n in range(3)})
+    replies = collect_reply_list(grid, messages("query.x", range(3)), timeout=1)
+    assert replies[1] is None
+    assert [r.metadata.src_node_id for r in (replies[0], replies[2])] == [0, 2]
+
+
+def test_a_silent_probe_does_not_starve_the_other_nodes() -> None:
+    handlers = {n: node("train", "query.x") for n in range(3)}
+    handlers[0] = lambda _message: None  # never answers
+    hooks = HookSupport("Demo", {})
+    started = time.monotonic()
+    replies = hooks.collect(FakeGrid(handlers), messages("query.x", range(3)), timeout=0.5)
+    assert time.monotonic() - started < 1.5
+    assert replies[0] is None and "query.x" not in hooks.present, "probed again next time"
+    assert all(r is not None and not r.has_error() for r in replies[1:])

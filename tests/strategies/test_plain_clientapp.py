@@ -153,8 +153,6 @@ def test_stocfl_without_a_bilevel_handler_trains_both_models_with_plain_messages
     assert sum("has no 'train.bilevel'" in r.getMessage() for r in caplog.records) == 1
     trains = [config for kind, config in seen if kind == "train"]
     assert len(trains) == 2 * 2 * NODES  # two rounds, a cluster and a global training each
-    pulled = [c for c in trains if "proximal-mu" in c]
-    assert len(pulled) == 2 * NODES and all(c["proximal-mu"] == 0.25 for c in pulled)
     assert all(c["lr"] == LR and c["lambda"] == 0.25 for c in trains)
     last = strategy.history[2]
     assert last["clusters-trained"] >= 1 and last.get("train-rejected", 0) == 0
@@ -261,3 +259,44 @@ def test_flowers_metric_aggregation_functions_replace_ours(name: str) -> None:
     assert calls["train"] >= 2 and calls["evaluate"] >= 2
     assert last["my-train-replies"] >= 1 and "train_loss" not in last
     assert any(key.startswith("eval-my-evaluate-replies") for key in last), sorted(last)
+
+
+def test_a_resumed_run_stops_and_keeps_its_model_as_a_fresh_one_does() -> None:
+    from fedgsp_flwr.app.checkpoint import ResumedRounds
+
+    seen: list[tuple[str, dict[str, Any]]] = []
+    grid = grid_of(lambda: plain_clientapp.make_app(seen, fail=failing_train("disk full")))
+    start = initial()
+    with pytest.raises(TrainingStalled, match="rounds 3-5.*disk full") as info:
+        ResumedRounds(FedGSP(), 2).start(grid, start, num_rounds=4, timeout=30,
+                                         train_config=ConfigRecord({"lr": LR}))
+    assert info.value.arrays is start
+
+
+def test_nodes_that_take_plain_train_hops_survive_a_checkpoint() -> None:
+    strategy = SemiFL(relay_message_type="train.hop")
+    strategy.plain_nodes = {7, 9}
+    resumed = SemiFL(relay_message_type="train.hop")
+    resumed.restore_state(strategy.checkpoint_state(), lambda n: n + 100)
+    assert resumed.plain_nodes == {107, 109}
+
+
+def test_stocfl_asks_a_silent_plain_node_back_with_an_evaluation() -> None:
+    dropped: set[int] = set()
+    grid = grid_of(plain_clientapp.make_app)
+    inner = grid.handlers[0]
+
+    def silent_once(message: Message) -> Message | None:
+        if message.metadata.message_type == "train" and 0 not in dropped:
+            dropped.add(0)
+            return None  # the node misses its first training round
+        return inner(message)
+
+    grid.handlers[0] = silent_once
+    strategy = StoCFL(train_timeout=0.5)
+    run_rounds(strategy, grid, initial(), 2, lr=LR)
+    to_node_0 = [kind for _, node, kind, _ in grid.pushed if node == 0]
+    # Round 1: the sketch probe (no handler), the missed training, no evaluation (a
+    # suspect); round 2: asked back with an evaluation, then trained and evaluated.
+    assert to_node_0 == ["query.sketch", "train", "evaluate", "train", "evaluate", "evaluate"]
+    assert 0 not in strategy.suspects and strategy.history[2].get("train-rejected", 0) == 0
