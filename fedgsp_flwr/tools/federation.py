@@ -253,8 +253,12 @@ class LocalFederation(FlwrCli):
         Raises
         ------
         RuntimeError
-            If it exits or does not listen within ``timeout`` seconds.
+            If it is already running (``with LocalFederation(...)`` starts it), or it
+            exits or does not listen within ``timeout`` seconds.
         """
+        if self.superlink is not None and self.superlink.poll() is None:
+            raise RuntimeError("the SuperLink is already running: `with LocalFederation("
+                               "...) as fed` starts it; do not call fed.start() again")
         cmd = [str(self.bin_dir / "flower-superlink"), *self._tls_args("superlink"),
                "--disable-runtime-dependency-installation", "--host", HOST,
                "--port", str(self.port)]

@@ -220,7 +220,6 @@ def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
     on three real SuperNodes: both train, and a missing hook costs one message each.
     """
     with LocalFederation(quickstart_app(tmp_path), tmp_path / "fed") as fed:
-        fed.start()
         for partition in range(3):
             fed.add_node({"partition-id": partition, "num-partitions": 3})
         fed.wait_for_nodes(3)
@@ -229,6 +228,10 @@ def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
                            "out-dir": str(tmp_path / "out")},
                           log_path=tmp_path / "run.log", timeout=900)
         node_logs = "".join(n.log_path.read_text() for n in fed.nodes)
+        pids = fed.pids()
+        with pytest.raises(RuntimeError, match="already running"):
+            fed.start()
+    assert not any(map(is_running, pids)), f"processes left running: {pids}"
     assert outcome.ok, outcome.cause()
     rows = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "summary.json")
                                                  .read_text())}
