@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from .metrics import aggregate_metrics
+from .metrics import aggregate_metrics, reply_metrics
 from .nodes import NodeHistograms
 from .progress import TrainingProgress
 from .replies import filter_replies
@@ -287,8 +287,7 @@ class FedAvg(FlowerFedAvg):
             require_arrays=False,
             stage="aggregate_evaluate",
         )
-        sound.sort(key=lambda m: sorted(
-            next(iter(m.content.metric_records.values())).items()))
+        sound.sort(key=lambda m: sorted(reply_metrics(m.content).items()))
         metrics = (self.evaluate_metrics_aggr_fn([m.content for m in sound],
                                                  self.weighted_by_key) if sound else None)
         self._record(server_round, "evaluate", metrics, len(sound), rejected)

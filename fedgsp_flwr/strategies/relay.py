@@ -21,10 +21,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from .metrics import reply_metrics
 from .nodes import missing_handler, unreachable
 from .replies import reply_problem
 
@@ -239,7 +241,7 @@ def _hop_from_reply(chain: _Chain, reply: Message, now: float, weighted_by_key: 
                   HOP_ERROR if reply.has_error() else HOP_REJECTED)
         return Hop(node, position, status, problem, latency, chain.bytes_sent)
     trained = next(iter(reply.content.array_records.values()))
-    metrics: MetricRecord = next(iter(reply.content.metric_records.values()))
+    metrics = reply_metrics(reply.content)
     chain.result.arrays = trained
     return Hop(node, position, HOP_OK, "", latency, chain.bytes_sent, trained.count_bytes(),
                int(metrics[weighted_by_key]), metrics)  # type: ignore[arg-type]  # checked

@@ -16,6 +16,8 @@ import numpy as np
 from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
+from .metrics import reply_metrics
+
 # A reply's weight (its examples) above this is absurd and would swamp an average.
 MAX_WEIGHT = 10**9
 # How the ClientApp's exception reaches the server: in the simulation engine as Ray's
@@ -73,7 +75,7 @@ def reply_problem(
     content = reply.content
     if len(content.metric_records) != 1:
         return f"expected one MetricRecord, got {len(content.metric_records)}"
-    metrics = next(iter(content.metric_records.values()))
+    metrics = reply_metrics(content)
     weight = metrics.get(weighted_by_key)
     if weight is None:
         return f"metric '{weighted_by_key}' is missing"

@@ -137,7 +137,6 @@ class SemiFL(RelayStrategy):
         self.assignment = dict(assignment or {})
         self.shuffle_order = shuffle_order
         self.clusters: dict[int, list[int]] = {}
-        self.chain_clusters: list[int] = []  # the cluster of each chain of the last round
 
     def summary(self) -> None:
         """Log Semi-FL's settings, then the relay's and FedAvg's."""
@@ -159,8 +158,8 @@ class SemiFL(RelayStrategy):
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each cluster's model (its head's, after the last round's chain), by cluster."""
-        return {self.chain_clusters[chain]: model
-                for chain, model in super().group_models().items()}
+        cluster_of = self.cluster_of  # a chain's nodes are all of one cluster
+        return {cluster_of[model.nodes[0]]: model for model in super().group_models().values()}
 
     @property
     def cluster_of(self) -> dict[int, int]:
@@ -233,8 +232,6 @@ class SemiFL(RelayStrategy):
                 members = [members[i] for i in self.rng.permutation(len(members))]
             if members:
                 chains.append(members)
-        self.chain_clusters = [c for c in sorted(self.clusters)
-                               if any(n in live for n in self.clusters[c])]
         metrics = self.cluster_metrics()
         log(INFO, "SemiFL round %d: %d clusters over %d reachable nodes", server_round,
             len(chains), len(reachable))

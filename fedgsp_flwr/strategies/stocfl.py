@@ -30,7 +30,7 @@ from .fedavg import (
     average_arrays,
     check_parameters,
 )
-from .metrics import renamed
+from .metrics import renamed, reply_metrics
 from .nodes import (
     HookSupport,
     collect_reply_list,
@@ -395,7 +395,7 @@ class StoCFL(ServerSideRound):
                 log(WARNING, "StoCFL round %d: rejected reply from node %d: %s",
                     server_round, node, problem)
                 continue
-            metrics = reply.content.metric_records[next(iter(reply.content.metric_records))]
+            metrics = reply_metrics(reply.content)
             weight = float(cast(float, metrics[self.weighted_by_key]))
             records = reply.content.array_records
             trained.add(node)

@@ -118,6 +118,8 @@ def test_every_strategy_with_defaults_trains_a_plain_quickstart_app(
     for group in models.values():
         assert list(group.arrays.keys()) == list(initial().keys())
         assert set(group.nodes) <= set(range(NODES))
+    if name == "semifl":  # keyed by cluster id, each with its cluster's members
+        assert all(sorted(g.nodes) == sorted(strategy.clusters[c]) for c, g in models.items())
 
 
 def test_our_handlers_enable_histogram_grouping_and_sketch_clustering() -> None:
