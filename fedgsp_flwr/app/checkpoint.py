@@ -216,9 +216,9 @@ class ResumedRounds(Strategy):
         """Flower's loop over the remaining rounds, with the wrapped strategy's checks
         before and after (see :meth:`FedAvg.start`).
         """
-        self.strategy.begin_run(initial_arrays, timeout)
-        result = super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                               **kwargs)
+        with self.strategy.running(grid, initial_arrays, timeout) as run_grid:
+            result = super().start(run_grid, initial_arrays, num_rounds=num_rounds,
+                                   timeout=timeout, **kwargs)
         return self.strategy.end_run(result, num_rounds)
 
     def summary(self) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 
-from ..clients import HANDLERS, ClientHooks, register_hooks
+from ..clients import HANDLERS, ClientHooks, register_hooks, threads_mod
 from ..data import ClientData
 from ..models import build_model
 from .config import RunConfig
@@ -74,4 +74,4 @@ def make_model(context: Context, data: ClientData) -> torch.nn.Module:
 
 HOOKS = ClientHooks(load_data=load_data, build_model=make_model)
 
-app = register_hooks(ClientApp(), HOOKS, handlers=HANDLERS)
+app = register_hooks(ClientApp(mods=[threads_mod]), HOOKS, handlers=HANDLERS)

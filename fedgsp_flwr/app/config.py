@@ -232,6 +232,10 @@ class RunConfig:
     max_untrained_rounds: int = _setting(
         3, "rounds in a row that train nothing before the run stops with their cause",
         _positive, "> 0")
+    server_threads: int = _setting(
+        0, "BLAS/OpenMP threads of the ServerApp's numpy and torch work (0 = automatic: 1 "
+        "in simulation, whose ClientApps own the cores; the process's default in "
+        "deployment)", _non_negative, ">= 0")
     data_dir: str = _setting(
         "", "dataset cache directory ('' = $FEDGSP_DATA_DIR or ~/.cache/fedgsp-flwr)"
     )

@@ -41,6 +41,7 @@ def common_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """
     return {
         "max_untrained_rounds": cfg.max_untrained_rounds,
+        "server_threads": cfg.server_threads or None,
         "fraction_train": cfg.fraction_train,
         "fraction_evaluate": cfg.fraction_evaluate,
         "min_available_nodes": cfg.min_available_nodes,

@@ -19,6 +19,7 @@ from ..models import build_model, resolve_model_name
 from ..strategies import FedAvg
 from ..strategies.nodes import query_histograms
 from ..strategies.state import record_arrays, to_record
+from ..threads import frozen_gc, server_threads, thread_limit
 from .checkpoint import (
     RESUMABLE_CHANGES,
     Checkpoint,
@@ -46,7 +47,10 @@ def main(grid: Grid, context: Context) -> None:
     A run that fails logs its cause as the last ERROR line before Flower's traceback.
     """
     try:
-        run(grid, RunConfig.from_mapping(context.run_config))  # parsed and checked once
+        cfg = RunConfig.from_mapping(context.run_config)  # parsed and checked once
+        # Also the partitioning and central evaluation, outside the strategy's rounds.
+        with thread_limit(server_threads(grid, cfg.server_threads or None)), frozen_gc():
+            run(grid, cfg)
     except Exception as err:
         log(ERROR, "The run failed: %s: %s", type(err).__name__, err)
         raise

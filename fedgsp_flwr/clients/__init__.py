@@ -8,6 +8,10 @@ Add our hooks to an existing ClientApp in a few lines::
     app = ClientApp()          # your app, with its own @app.train() / @app.evaluate()
     register_hooks(app, ClientHooks(load_data=my_data, build_model=my_model))
     # adds query.histogram, query.sketch and train.bilevel
+
+``ClientApp(mods=[threads_mod])`` lets each message train with the threads the server
+hints in simulation (all free cores for a relay chain's lone hop), or with the node's
+``num-threads`` node config (see :mod:`fedgsp_flwr.threads`).
 """
 
 from .handlers import (
@@ -22,6 +26,7 @@ from .handlers import (
     make_train_handler,
     register_hooks,
 )
+from .threads import message_threads, threads_mod
 
 __all__ = [
     "HANDLERS",
@@ -33,5 +38,7 @@ __all__ = [
     "make_histogram_handler",
     "make_sketch_handler",
     "make_train_handler",
+    "message_threads",
     "register_hooks",
+    "threads_mod",
 ]

@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.graph.python import min_cost_flow
 
-from .kmeans import kmeans_plus_plus, squared_distances
+from .kmeans import squared_distances
 
 GROWTH_FUNCTIONS = ("linear", "log", "exp")
 LEFTOVER_POLICIES = ("distribute", "drop")
-_COST_SCALE = 10**7  # squared distances are scaled to integers in [0, 1e7]
-_FREE_FACTOR = 4  # warm-started assignments: initial and growth factor of the freed share
+_MAX_COST_BITS = 40  # distances are rounded to multiples of D / 2^40, D >= max(d)
+_FIRST_SHARE = 1 / 32  # warm starts free at least this share of the points
+_FREE_FACTOR = 2  # freed share per point that would move; growth per pricing round
+_CYCLE_PASSES = 8  # cycle-cancelling passes after a cold flow (2 L more after a warm one)
+_CYCLE_CHECK = 2  # Bellman-Ford rounds between looks for negative cycles
+_GREEDY_ROUNDS = 3  # greedy balanced assignment + update rounds before the exact steps
+_ONE_HOT_MEANS = 2**15  # below N * L, cluster means by a one-hot matrix product
+_SMALL_CLUSTER_GRAPH = 4096  # up to N points, cycle cancelling recomputes whole rows
+_GREEDY_CHUNK = 256  # clients the greedy assignment ranks clusters for at once
 
 
 def num_groups(server_round: int, growth: str, alpha: float, beta: int, num_clients: int) -> int:
@@ -74,6 +81,32 @@ def spread(rng: np.random.Generator, m: int, count: int) -> np.ndarray:
     return np.concatenate([rng.permutation(m) for _ in range(count // m + 1)])[:count]
 
 
+@dataclass
+class AssignmentStats:
+    """Work done by exact equal-size assignments (summed over calls).
+
+    Attributes
+    ----------
+    flows : int
+        Restricted min-cost flows solved by OR-Tools.
+    flow_points : int
+        Flow nodes for points in those flows (summed; one per duplicate group).
+    flow_arcs : int
+        Point-to-cluster arcs in those flows (summed).
+    pricing_rounds : int
+        Flows re-solved on a larger network because the full network still held a
+        cheaper assignment after cycle cancelling.
+    cycles : int
+        Negative cycles cancelled on the full network.
+    """
+
+    flows: int = 0
+    flow_points: int = 0
+    flow_arcs: int = 0
+    pricing_rounds: int = 0
+    cycles: int = 0
+
+
 @dataclass(frozen=True)
 class ICGResult:
     """Outcome of :func:`icg`.
@@ -89,9 +122,11 @@ class ICGResult:
     dropped : list[int]
         Clients in no group this round (``leftover="drop"``).
     iterations : int
-        Assignment/update iterations run.
+        Exact assignment/update iterations run.
     objective : float
         Final clustering objective sum_k 1/2 ||V^k - C_l(k)||^2.
+    assignment : AssignmentStats
+        Work of the exact assignment steps (flows solved, pricing rounds, cycles).
     """
 
     groups: list[list[int]]
@@ -100,6 +135,7 @@ class ICGResult:
     dropped: list[int]
     iterations: int
     objective: float
+    assignment: AssignmentStats = field(default_factory=AssignmentStats)
 
 
 def icg(
@@ -117,9 +153,16 @@ def icg(
     """Inter-Cluster Grouping (FedGSP, Algorithm 2).
 
     Clusters the K clients' class histograms into L = floor(K/M) clusters of equal size
-    s = floor(K/L) (equal-size k-means, each assignment step a min-cost flow), then
-    forms M groups, each taking one client drawn at random from every cluster, so that
-    every group's summed histogram is close to the global one.
+    s = floor(K/L) (equal-size k-means), then forms M groups, each taking one client
+    drawn at random from every cluster, so that every group's summed histogram is close
+    to the global one.
+
+    The clustering starts from k-means++ seeds and ``_GREEDY_ROUNDS`` (3) cheap rounds
+    of greedy balanced assignment (:func:`greedy_balanced_assignment`) and centroid
+    update; then up to ``max_iter`` iterations alternate an exact assignment step, the
+    optimum over the full client-cluster network (:func:`equal_size_assignment`,
+    warm-started from the previous step), and the centroid update, until the
+    assignment no longer changes.
 
     Parameters
     ----------
@@ -132,7 +175,7 @@ def icg(
     client_ids : list[int] | None
         Ids of the rows; ``range(K)`` if ``None``.
     max_iter : int
-        Maximum assignment/update iterations (the paper's tau).
+        Maximum exact assignment/update iterations (the paper's tau).
     normalize : bool
         Cluster on label proportions instead of raw counts (the paper: counts).
     leftover : str
@@ -140,8 +183,9 @@ def icg(
         divisible) join groups, at most one extra per group per cluster, spread over
         the groups; ``"drop"`` (the paper): they sit this round out.
     neighbours : int
-        Flow arcs per client: its nearest centroids only (more if the sparse network
-        is infeasible). Sparse arcs keep large K fast.
+        Initial flow arcs per client (its nearest centroids) of the first assignment
+        step, and the most a client gets when later steps free it. Only a speed
+        setting: every assignment step is optimal over all client-cluster arcs.
     balance : bool
         After the random one-per-cluster draw, swap same-cluster members between
         groups while that brings the groups' class distributions closer to the global
@@ -182,46 +226,55 @@ def icg(
     in_clusters[rng.choice(k, n_clusters * size, replace=False)] = True
     chosen, outside = np.flatnonzero(in_clusters), np.flatnonzero(~in_clusters)
     points = v[chosen]
-    # k-means++ seeds, then one cheap balanced assignment: the exact min-cost-flow
-    # steps start from centroids of equal-size clusters (far fewer augmentations).
-    seeds = points[kmeans_plus_plus(points, n_clusters, rng)]
-    labels = greedy_balanced_assignment(squared_distances(points, seeds), size)
+    norms = np.einsum("ij,ij->i", points, points)
+    duplicates = _duplicate_groups(points)
+    # k-means++ seeds, then cheap greedy balanced rounds: the exact steps start from
+    # centroids of equal-size clusters, much nearer their fixed point (smaller flows).
+    seeds = _kmeans_plus_plus(points, norms, n_clusters, rng)
+    labels = greedy_balanced_assignment(_distances(points, norms, seeds), size)
     centroids = _cluster_means(points, labels, n_clusters)
+    for _ in range(_GREEDY_ROUNDS - 1):
+        labels = greedy_balanced_assignment(_distances(points, norms, centroids), size)
+        centroids = _cluster_means(points, labels, n_clusters)
     iterations = 0
     prices: np.ndarray | None = None
-    # Warm starts pay off on the full network (L <= neighbours: the paper's sizes); on
-    # sparse networks the freed share rarely certifies and cold solves are faster.
-    warm = neighbours >= n_clusters
+    stats = AssignmentStats()
     while iterations < max_iter:
         iterations += 1
-        new_labels, prices = equal_size_assignment(
-            points, centroids, size, neighbours,
-            warm_start=(labels, prices) if warm and prices is not None else None)
+        # After the first step, the previous step's labels and prices warm-start the next.
+        new_labels, prices = _exact_assignment(*_integer_distances(points, norms, centroids),
+                                               size, neighbours, labels, prices,
+                                               duplicates, stats)
         if np.array_equal(new_labels, labels):
             break
         labels = new_labels
         centroids = _cluster_means(points, labels, n_clusters)
     objective = 0.5 * float(((points - centroids[labels]) ** 2).sum())
-    clusters = [chosen[labels == c] for c in range(n_clusters)]
-    drawn = [rng.permutation(members) for members in clusters]
-    table = np.stack([d[:m] for d in drawn], axis=1)  # (M, L): group x cluster
+    clusters = chosen[np.argsort(labels, kind="stable").reshape(n_clusters, size)]
+    drawn = rng.permuted(clusters, axis=1)  # each cluster's members in random order
+    table = drawn[:, :m].T  # (M, L): group x cluster
     if balance:
         table = balance_groups(np.asarray(histograms, dtype=np.float64), table)
-    groups: list[list[int]] = [[int(c) for c in row] for row in table]
-    extra = [int(x) for d in drawn for x in d[m:]] + [int(x) for x in outside]
-    dropped: list[int] = []
+    extra = np.concatenate([drawn[:, m:].reshape(-1), outside])
+    members, owner = table.reshape(-1), np.repeat(np.arange(m), n_clusters)
+    dropped = extra[:0]
     if leftover == "distribute":
-        for client, g in zip(extra, spread(rng, m, len(extra)), strict=True):
-            groups[int(g)].append(client)
+        members = np.concatenate([members, extra])
+        owner = np.concatenate([owner, spread(rng, m, len(extra))])
     else:
         dropped = extra
+    # every group in random order: sort by group, then by a random key
+    order = np.lexsort((rng.random(len(members)), owner))
+    shuffled = [int(ids[c]) for c in members[order].tolist()]
+    ends = np.cumsum(np.bincount(owner, minlength=m)).tolist()
     return ICGResult(
-        groups=[[int(ids[c]) for c in rng.permutation(g)] for g in groups],
-        clusters=[[int(ids[c]) for c in members] for members in clusters],
-        leftover=[int(ids[c]) for c in extra],
-        dropped=[int(ids[c]) for c in dropped],
+        groups=[shuffled[a:b] for a, b in zip([0] + ends[:-1], ends, strict=True)],
+        clusters=[[int(ids[c]) for c in row] for row in clusters.tolist()],
+        leftover=[int(ids[c]) for c in extra.tolist()],
+        dropped=[int(ids[c]) for c in dropped.tolist()],
         iterations=iterations,
         objective=objective,
+        assignment=stats,
     )
 
 
@@ -288,21 +341,53 @@ def balance_groups(
     return table
 
 
+def _distances(points: np.ndarray, norms: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """(N, L) squared distances via the Gram trick, with the points' squared norms given."""
+    out = points @ (-2.0 * centres).T
+    out += norms[:, None]
+    out += np.einsum("ij,ij->i", centres, centres)[None, :]
+    return np.maximum(out, 0.0, out=out)
+
+
+def _kmeans_plus_plus(points: np.ndarray, norms: np.ndarray, k: int,
+                      rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeds (D^2 sampling) as :func:`fedgsp_flwr.core.kmeans.kmeans_plus_plus`
+    draws them, with the points' norms computed once.
+    """
+    n = len(points)
+    chosen = [int(rng.integers(n))]
+    nearest = _distances(points, norms, points[chosen])[:, 0]
+    while len(chosen) < k:
+        cumulative = np.cumsum(nearest)
+        total = cumulative[-1]
+        if total > 0:  # what rng.choice(n, p=nearest / total) draws, without its checks
+            pick = min(int(np.searchsorted(cumulative, rng.random() * total, side="right")),
+                       n - 1)
+        else:  # every point equals a chosen one: draw among the others uniformly
+            pick = int(rng.choice(np.setdiff1d(np.arange(n), chosen)))
+        chosen.append(pick)
+        np.minimum(nearest, _distances(points, norms, points[[pick]])[:, 0], out=nearest)
+    return points[chosen]
+
+
 def _cluster_means(points: np.ndarray, labels: np.ndarray, n_clusters: int) -> np.ndarray:
-    """Mean of each cluster's points (clusters are non-empty: equal sizes)."""
+    """Mean of each cluster's points (clusters of equal size)."""
+    n = len(points)
+    if n * n_clusters <= _ONE_HOT_MEANS:  # one small matrix product
+        weights = np.zeros((n_clusters, n))
+        weights[labels, np.arange(n)] = n_clusters / n
+        return weights @ points
     order = np.argsort(labels, kind="stable")
-    counts = np.bincount(labels, minlength=n_clusters)
-    sums = np.add.reduceat(points[order], np.concatenate([[0], np.cumsum(counts)[:-1]]))
-    return sums / counts[:, None]
+    return points[order].reshape(n_clusters, -1, points.shape[1]).sum(axis=1) * (n_clusters / n)
 
 
 def greedy_balanced_assignment(d: np.ndarray, size: int) -> np.ndarray:
     """Fast equal-size assignment by regret-ordered greedy filling (a warm start).
 
     Clients are taken in decreasing order of regret (their second-best minus best cost)
-    and each goes to its nearest cluster that still has room. The result is balanced
-    but not cost-optimal; ICG uses it only to place the first centroids before the
-    exact min-cost-flow steps.
+    and each goes to its nearest cluster that still has room (ties: the lowest index).
+    The result is balanced but not cost-optimal; ICG uses it only to place the first
+    centroids before the exact steps.
 
     Parameters
     ----------
@@ -317,21 +402,29 @@ def greedy_balanced_assignment(d: np.ndarray, size: int) -> np.ndarray:
         (N,) cluster index per client.
     """
     n, n_clusters = d.shape
-    preference = np.argsort(d, axis=1, kind="stable")
     if n_clusters > 1:
-        ranked = np.take_along_axis(d, preference[:, :2], axis=1)
-        order = np.argsort(ranked[:, 0] - ranked[:, 1], kind="stable")  # largest regret first
+        two = np.partition(d, 1, axis=1)[:, :2]
+        order = np.argsort(two.min(axis=1) - two.max(axis=1), kind="stable")  # regret
     else:
         order = np.arange(n)
     room = [size] * n_clusters
     labels = np.empty(n, dtype=np.int64)
-    rows = preference.tolist()
-    for client in order.tolist():
-        for cluster in rows[client]:
-            if room[cluster]:
-                room[cluster] -= 1
-                labels[client] = cluster
+    start = 0
+    while start < n:
+        # Cheapest cluster with room (ties: lowest index) for a chunk of clients at once,
+        # valid until a cluster fills up; then the rest of the chunk is re-ranked.
+        chunk = order[start:start + _GREEDY_CHUNK]
+        costs = d[chunk]
+        costs[:, np.asarray(room) == 0] = np.inf
+        choice = costs.argmin(axis=1)
+        taken = 0
+        for cluster in choice.tolist():
+            if not room[cluster]:
                 break
+            room[cluster] -= 1
+            taken += 1
+        labels[chunk[:taken]] = choice[:taken]
+        start += taken
     return labels
 
 
@@ -340,24 +433,42 @@ def equal_size_assignment(
     centroids: np.ndarray,
     size: int,
     neighbours: int = 16,
-    warm_start: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
+    warm_start: tuple[np.ndarray, np.ndarray | None] | None = None,
+    *,
+    stats: AssignmentStats | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Assign N = L * size points to L clusters of exactly ``size`` points each,
     minimising the summed squared distance to the centroids (a min-cost flow).
 
-    Network: each point has supply 1 and an arc (capacity 1, cost = its squared
-    distance, scaled to an integer) to each of its ``neighbours`` nearest centroids; each
-    cluster has demand ``size``. OR-Tools' ``SimpleMinCostFlow`` solves it.
+    What "optimal" means: the distances d (float64) are rounded to integer multiples
+    of a unit u = D / 2^b, with D >= max(d) and b = 40 unless L or N is huge
+    (:func:`_cost_bits`). The result is an exact optimum of that rounded problem over
+    the full bipartite network (every point may join every cluster), so its real cost
+    exceeds the real optimum by at most N * u. The returned prices p certify it: every
+    point's cluster minimises its rounded distance minus p, over all L clusters.
 
-    If that sparse network admits no flow the arcs are doubled until it does (at L arcs
-    per point it is the full network, where the result is the exact optimum).
+    How: OR-Tools' ``SimpleMinCostFlow`` solves a restricted network (below); then the
+    full network is priced through the L-node graph whose arc a -> b costs the cheapest
+    move of any point from cluster a to b (all N x L arcs enter it). A balanced
+    assignment is optimal exactly when that graph has no negative cycle. Bellman-Ford
+    on it either converges, and its distances are the prices, or exposes negative
+    cycles, which are cancelled (each lowers the integer cost, so this ends). If they
+    persist, a larger restricted network is solved: the points the restricted flow's
+    dual potentials price closest to moving are freed, then more points, then more arcs
+    per point, up to the full network, whose flow is optimal.
 
-    Warm start (ICG passes its previous iteration's result): the previous optimal
-    assignment stays in place except for the points that its cluster prices mark as
-    closest to switching; only those get flow arcs (their current cluster among them,
-    so the reduced network is always feasible). The freed share grows until the
-    assignment is certified optimal by :func:`assignment_prices` over the network's
-    arcs, so the result is the same optimum, from a much smaller flow problem.
+    Restricted networks:
+
+    - cold start (no prices): every point, with arcs to its ``neighbours`` nearest
+      centroids and to its ``warm_start`` cluster if given (otherwise the arcs double
+      while the network is infeasible);
+    - warm start (``(labels, prices)`` of an earlier call over the same points, as in
+      ICG's iterations): free are the points with the smallest margins under the old
+      prices (twice the share whose margin is negative, at least 1/32), with arcs to
+      their cluster and to the clusters within that margin (at most ``neighbours``);
+      the other points keep their cluster.
+
+    Identical points share one flow node (supply: their number).
 
     Parameters
     ----------
@@ -368,84 +479,419 @@ def equal_size_assignment(
     size : int
         Points per cluster.
     neighbours : int
-        Initial number of flow arcs per point (its nearest centroids).
-    warm_start : tuple[np.ndarray, np.ndarray] | None
-        ``(labels, prices)`` as returned by an earlier call over the same points: (N,)
-        clusters with exactly ``size`` points each, and (L,) cluster prices.
+        Flow arcs per point in a cold start (its nearest centroids), and the most a
+        freed point gets in a warm start. Only a speed setting: the result is optimal
+        over all arcs whatever its value.
+    warm_start : tuple[np.ndarray, np.ndarray | None] | None
+        ``(labels, prices)``: (N,) clusters with exactly ``size`` points each, and (L,)
+        prices as returned by an earlier call, or ``None`` (then only the labels are
+        used, as one extra arc per point).
+    stats : AssignmentStats | None
+        Counters to add this call's work to.
 
     Returns
     -------
-    tuple[np.ndarray, np.ndarray | None]
-        (N,) cluster index per point, and (L,) prices under which every point's
-        cluster minimises its distance minus the price over its arcs (``None`` after a
-        cold solve on a sparse network, where they are not needed).
+    tuple[np.ndarray, np.ndarray]
+        (N,) cluster index per point, and (L,) cluster prices (in distance units).
 
     Raises
     ------
     ValueError
         If N is not L * size, or ``warm_start`` is malformed.
     RuntimeError
-        If OR-Tools fails on the full network (it should not).
+        If OR-Tools fails on a feasible network (it should not).
     """
     n, n_clusters = len(points), len(centroids)
-    if n != n_clusters * size:
+    if n != n_clusters * size or size < 1:
         raise ValueError(f"{n} points cannot fill {n_clusters} clusters of {size}")
-    d = squared_distances(points, centroids)
-    top = float(d.max())
-    unit = top / _COST_SCALE if top > 0 else 1.0
-    cost = np.rint(d / unit).astype(np.int64)
-    # Rounding moves each arc cost by at most half a unit; a cycle has at most 2L arcs.
-    tolerance = n_clusters * unit
-    width = min(max(neighbours, 1), n_clusters)
-    if warm_start is None:
-        while (labels := _solve_assignment_flow(cost, size, np.ones(n, bool), None,
-                                                width)) is None:
-            if width == n_clusters:
-                raise RuntimeError("min-cost flow failed on the full network")
-            width = min(2 * width, n_clusters)
-        return labels, (assignment_prices(d, labels, np.inf) if width == n_clusters
-                        else None)
-    labels, prices = (np.asarray(a) for a in warm_start)
-    if labels.shape != (n,) or prices.shape != (n_clusters,) or not np.array_equal(
-            np.bincount(labels, minlength=n_clusters), np.full(n_clusters, size)):
-        raise ValueError(f"warm_start must be (labels, prices) putting exactly {size} "
-                         f"of the {n} points in each of the {n_clusters} clusters")
-    # Points ranked by how close the old prices bring them to a switch (negative: they
-    # would switch); prices move too, so several times that many are freed at first.
-    reduced = d - prices[None, :]
-    own = reduced[np.arange(n), labels]
-    reduced[np.arange(n), labels] = np.inf
-    margin = reduced.min(axis=1) - own
-    ranked = np.argsort(margin, kind="stable")
-    share = max(_FREE_FACTOR * float((margin < 0).mean()), 1 / 32)
-    while True:
-        certified = _prices(d, labels, width, tolerance)
-        if certified is not None:
-            return labels, certified
-        free = np.zeros(n, dtype=bool)
-        free[ranked[:math.ceil(min(share, 1.0) * n)]] = True
-        solved = _solve_assignment_flow(cost, size, free, labels, width)
-        if solved is None:
-            raise RuntimeError("min-cost flow failed on a feasible network")
-        labels = solved
-        if share >= 1:  # every point free: optimal up to the integer rounding
-            return labels, _prices(d, labels, width, np.inf)
-        share *= _FREE_FACTOR
+    labels = prices = None
+    if warm_start is not None:
+        labels, prices = warm_start
+        labels = np.asarray(labels)
+        if labels.shape != (n,) or (prices is not None and np.shape(prices) != (n_clusters,)) \
+                or not np.array_equal(np.bincount(labels, minlength=n_clusters),
+                                      np.full(n_clusters, size)):
+            raise ValueError(f"warm_start must be (labels, prices) putting exactly {size} "
+                             f"of the {n} points in each of the {n_clusters} clusters")
+    return _exact_assignment(*_integer_costs(squared_distances(points, centroids)), size,
+                             neighbours, labels,
+                             None if prices is None else np.asarray(prices, float),
+                             _duplicate_groups(np.asarray(points)),
+                             stats if stats is not None else AssignmentStats())
 
 
-def _prices(d: np.ndarray, labels: np.ndarray, width: int,
-            tolerance: float) -> np.ndarray | None:
-    """:func:`assignment_prices` over the arcs of the flow network: each point to its
-    ``width`` nearest clusters and its own.
+def _exact_assignment(cost: np.ndarray, unit: float, size: int, neighbours: int,
+                      labels: np.ndarray | None, prices: np.ndarray | None,
+                      groups: np.ndarray | None,
+                      stats: AssignmentStats) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`equal_size_assignment` on (N, L) distances rounded to integer multiples of
+    ``unit`` (:func:`_integer_costs`), with ``groups`` as :func:`_duplicate_groups`
+    returns.
     """
-    n, n_clusters = d.shape
-    if width < n_clusters:
-        allowed = np.zeros(d.shape, dtype=bool)
-        np.put_along_axis(allowed, np.argpartition(d, width - 1, axis=1)[:, :width], True,
-                          axis=1)
-        allowed[np.arange(n), labels] = True
-        d = np.where(allowed, d, np.inf)
-    return assignment_prices(d, labels, tolerance)
+    n, n_clusters = cost.shape
+    if n_clusters == 1:
+        return np.zeros(n, dtype=np.int64), np.zeros(1)
+    width = min(max(neighbours, 1), n_clusters)
+    share: float | None = None  # None: the nearest-arcs network of a cold start; inf: all
+    if prices is None:
+        guess = np.zeros(n_clusters)
+        network = _nearest(cost, width, labels)
+    else:
+        guess = np.rint(prices / unit)
+        network, share = _candidates(cost, guess, labels, None, width)
+    while True:
+        solved = _solve_flow(cost, size, *network, labels, groups, stats)
+        if solved is None:  # only a cold start without labels can be infeasible
+            if width == n_clusters:
+                raise RuntimeError("min-cost flow found no assignment on the full network")
+            width = min(2 * width, n_clusters)
+            network = _nearest(cost, width, None)
+            continue
+        labels = solved
+        members = np.argsort(labels, kind="stable").reshape(n_clusters, size)
+        graph, slot = _cluster_graph(cost, members)
+        flow_labels = labels.copy()
+        dist = guess
+        # A cold network's duals price better than cancelling its many cycles does.
+        passes = _CYCLE_PASSES if share is None else 2 * n_clusters + _CYCLE_PASSES
+        for _ in range(max(passes, 1)):
+            dist, cycles = _bellman_ford(graph, dist)
+            if cycles is None:
+                return labels, dist * unit
+            if not cycles:
+                break
+            stats.cycles += len(cycles)
+            _cancel_cycles(cost, labels, members, graph, slot, cycles)
+        # Still improvable: price the full network with the restricted flow's dual
+        # potentials (those nearest the old prices) and solve a larger network: more
+        # points, then more arcs, then all of them.
+        if share == math.inf:
+            raise RuntimeError("no certificate for the optimum of the full network")
+        stats.pricing_rounds += 1
+        guess = _restricted_duals(cost, flow_labels, *network, guess)
+        if share is not None and share >= 1:
+            if width == n_clusters:
+                network, share = (np.arange(n), np.ones((n, n_clusters), dtype=bool)), math.inf
+                continue
+            width = min(2 * width, n_clusters)
+        network, share = _candidates(cost, guess, labels,
+                                     None if share is None else _FREE_FACTOR * share, width)
+
+
+def _cost_bits(n: int, n_clusters: int) -> int:
+    """Bits b of the integer costs: 2^b units span the largest distance. Shortest paths
+    over the L-node cluster graph (at most 2L + 2 costs summed) stay exact in float64,
+    and OR-Tools' cost scaling (costs times the node count) stays within int64.
+    """
+    return min(_MAX_COST_BITS, 52 - (2 * n_clusters + 2).bit_length(),
+               61 - (n + n_clusters + 2).bit_length())
+
+
+def _integer_costs(d: np.ndarray) -> tuple[np.ndarray, float]:
+    """Distances rounded to integer multiples of a unit (float64 holding integers),
+    in place: ``d`` is overwritten and returned, with the unit.
+    """
+    top = float(d.max())
+    unit = top / 2.0 ** _cost_bits(*d.shape) if top > 0 else 1.0
+    d *= 1.0 / unit
+    return np.rint(d, out=d), unit
+
+
+def _integer_distances(points: np.ndarray, norms: np.ndarray,
+                       centres: np.ndarray) -> tuple[np.ndarray, float]:
+    """:func:`_integer_costs` of the squared distances (Gram trick), in one pass: the unit
+    comes from an upper bound of the largest distance, (max |x| + max |c|)^2.
+    """
+    centre_norms = np.einsum("ij,ij->i", centres, centres)
+    top = (math.sqrt(float(norms.max())) + math.sqrt(float(centre_norms.max()))) ** 2
+    unit = top / 2.0 ** _cost_bits(len(points), len(centres)) if top > 0 else 1.0
+    cost = points @ (centres * (-2.0 / unit)).T
+    cost += norms[:, None] / unit
+    cost += centre_norms[None, :] / unit
+    return np.rint(cost, out=cost), unit
+
+
+def _nearest(cost: np.ndarray, width: int,
+             labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Cold-start network: every point, with arcs to its ``width`` cheapest clusters
+    and to its cluster in ``labels``. Returns (points, (N, L) arc mask).
+    """
+    n, n_clusters = cost.shape
+    if width >= n_clusters:
+        return np.arange(n), np.ones(cost.shape, dtype=bool)
+    arcs = np.zeros(cost.shape, dtype=bool)
+    np.put_along_axis(arcs, np.argpartition(cost, width - 1, axis=1)[:, :width], True,
+                      axis=1)
+    if labels is not None:
+        arcs[np.arange(n), labels] = True
+    return np.arange(n), arcs
+
+
+def _candidates(cost: np.ndarray, prices: np.ndarray, labels: np.ndarray,
+                share: float | None,
+                width: int) -> tuple[tuple[np.ndarray, np.ndarray], float]:
+    """Warm-started network: free points and their arcs, the others keep their cluster.
+
+    A point's margin is how much its best other cluster undercuts its own under
+    ``prices`` (distance minus price; negative: it would rather move). The ``share``
+    of points with the smallest margins is free, with arcs to their own cluster and to
+    the clusters within that margin of it (at most ``width``, the cheapest). Without a
+    share, it is ``_FREE_FACTOR`` times the share of points that would move (at least
+    ``_FIRST_SHARE``). Returns ((free points, their (F, L) arc mask), share).
+    """
+    n, n_clusters = cost.shape
+    rows = np.arange(n)
+    reduced = cost - prices
+    own = reduced[rows, labels]
+    reduced[rows, labels] = np.inf
+    margin = reduced.min(axis=1) - own
+    if share is None:
+        share = max(_FIRST_SHARE, _FREE_FACTOR * float(np.count_nonzero(margin < 0)) / n)
+    share = min(share, 1.0)
+    k = math.ceil(share * n) - 1
+    threshold = max(float(np.partition(margin, k)[k]), 0.0)
+    free = np.flatnonzero(margin <= threshold)
+    gap = reduced[free]
+    gap -= own[free, None]
+    arcs = gap <= threshold
+    crowded = np.flatnonzero(np.count_nonzero(arcs, axis=1) > width) if width < n_clusters \
+        else free[:0]
+    if len(crowded):  # keep their `width` cheapest
+        cheapest = np.zeros((len(crowded), n_clusters), dtype=bool)
+        np.put_along_axis(cheapest, np.argpartition(gap[crowded], width - 1, axis=1)[:, :width],
+                          True, axis=1)
+        arcs[crowded] &= cheapest
+    arcs[np.arange(len(free)), labels[free]] = True
+    return (free, arcs), share
+
+
+def _solve_flow(cost: np.ndarray, size: int, rows: np.ndarray, arcs: np.ndarray,
+                labels: np.ndarray | None, groups: np.ndarray | None,
+                stats: AssignmentStats) -> np.ndarray | None:
+    """Min-cost flow of the points ``rows`` over their ``arcs`` ((len(rows), L) mask);
+    the other points keep their cluster in ``labels``. ``None`` if no flow is feasible.
+
+    ``labels`` (balanced) or ``None`` (then ``rows`` are all points). Free points of one
+    duplicate group (``groups``: equal ids for identical points, hence identical costs)
+    form one node with their number as supply and the union of their arcs; its flow is
+    then shared out, members keeping their cluster where the flow allows.
+    """
+    n, n_clusters = cost.shape
+    if labels is None:
+        demand = np.full(n_clusters, size, dtype=np.int64)
+        out = np.empty(n, np.int64)
+    else:  # every cluster holds `size` points: the free ones leave exactly this room
+        demand = np.bincount(labels[rows], minlength=n_clusters).astype(np.int64, copy=False)
+        out = np.array(labels, dtype=np.int64)
+    if not len(rows):
+        return out
+    node_of = None
+    if groups is not None:
+        ids, first, node_of, supply = np.unique(groups[rows], return_index=True,
+                                                return_inverse=True, return_counts=True)
+        supply = supply.astype(np.int64, copy=False)
+        if len(ids) == len(rows):
+            node_of = None
+    if node_of is None:
+        tails, heads = np.nonzero(arcs)
+        supply = np.ones(len(rows), np.int64)
+        arc_cost = cost[rows[tails], heads]
+    else:
+        order = np.argsort(node_of, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(supply)[:-1]])
+        tails, heads = np.nonzero(np.logical_or.reduceat(arcs[order], starts, axis=0))
+        arc_cost = cost[rows[first[tails]], heads]
+    stats.flows += 1
+    stats.flow_points += len(supply)
+    stats.flow_arcs += len(tails)
+    flow = min_cost_flow.SimpleMinCostFlow()
+    handles = flow.add_arcs_with_capacity_and_unit_cost(
+        tails, heads + len(supply), supply[tails], arc_cost.astype(np.int64))
+    flow.set_nodes_supplies(np.arange(len(supply) + n_clusters),
+                            np.concatenate([supply, -demand]))
+    status = flow.solve()
+    if status == flow.INFEASIBLE:
+        return None
+    if status != flow.OPTIMAL:
+        raise RuntimeError(f"min-cost flow failed: {status}")
+    amounts = flow.flows(handles)
+    if node_of is None:
+        used = amounts > 0
+        out[rows[tails[used]]] = heads[used]
+        return out
+    # share each group's flow out: first its members keep their clusters, then the
+    # rest fill the remaining amounts
+    target = np.zeros((len(supply), n_clusters), dtype=np.int64)
+    target[tails, heads] = amounts
+    key = node_of * n_clusters + (out[rows] if labels is not None else 0)
+    keep = np.zeros(len(rows), dtype=bool)
+    if labels is not None:
+        order = np.argsort(key, kind="stable")
+        ranked = key[order]
+        rank = np.arange(len(order)) - np.searchsorted(ranked, ranked)
+        keep[order] = rank < target.reshape(-1)[ranked]
+    kept = np.bincount(key[keep], minlength=target.size).reshape(target.shape)
+    movers = np.flatnonzero(~keep)
+    movers = movers[np.argsort(node_of[movers], kind="stable")]
+    out[rows[movers]] = np.repeat(np.tile(np.arange(n_clusters), len(supply)),
+                                  (target - kept).reshape(-1))
+    return out
+
+
+def _duplicate_groups(points: np.ndarray) -> np.ndarray | None:
+    """(N,) equal ids for identical rows of ``points`` (``None`` if all differ).
+
+    Rows are sorted by a fixed projection; neighbours in that order with equal rows
+    share an id (identical rows the projection cannot tell apart from others may get
+    separate ids, which only costs speed).
+    """
+    n = len(points)
+    if n < 2:
+        return None
+    key = points @ np.sqrt(np.arange(2.0, points.shape[1] + 2.0))
+    order = np.argsort(key, kind="stable")
+    ranked = points[order]
+    same = (ranked[1:] == ranked[:-1]).all(axis=1)
+    if not same.any():
+        return None
+    groups = np.empty(n, dtype=np.int64)
+    groups[order] = np.concatenate([[0], np.cumsum(~same)])
+    return groups
+
+
+def _cluster_graph(cost: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest moves between clusters: ``graph[b, a]`` costs moving a point from
+    cluster a to b (heads in rows, for Bellman-Ford), ``slot[a, b]`` is that point's
+    position in ``members[a]``. ``members`` is (L, size): the points of each cluster.
+    """
+    n_clusters, size = members.shape
+    block = cost[members.reshape(-1)]
+    block -= block[np.arange(block.shape[0]), np.repeat(np.arange(n_clusters), size)][:, None]
+    block = block.reshape(n_clusters, size, n_clusters)
+    slot = block.argmin(axis=1)
+    clusters = np.arange(n_clusters)
+    return block[clusters[:, None], slot, clusters[None, :]].T.copy(), slot
+
+
+def _bellman_ford(graph: np.ndarray,
+                  dist: np.ndarray) -> tuple[np.ndarray, list[list[int]] | None]:
+    """Shortest paths on a dense graph (``graph[b, a]``: arc a -> b) from a virtual
+    source with arcs of cost ``dist``.
+
+    Returns the distances and ``None`` if they converge (then ``dist[b] <= dist[a] +
+    graph[b, a]`` for every arc: they are potentials). Otherwise some negative cycles
+    (node lists in arc order; vertex-disjoint), or none if none showed within L + 1
+    rounds (there is one, but the predecessor graph had not closed it yet).
+    """
+    n_nodes = len(graph)
+    nodes = np.arange(n_nodes)
+    pred = np.full(n_nodes, -1)
+    for rnd in range(1, n_nodes + 2):
+        through = graph + dist
+        best = through.argmin(axis=1)
+        length = through[nodes, best]
+        shorter = length < dist
+        if not shorter.any():
+            return dist, None
+        dist = np.where(shorter, length, dist)
+        pred = np.where(shorter, best, pred)
+        if rnd % _CYCLE_CHECK == 0 or rnd == n_nodes + 1:
+            cycles = _predecessor_cycles(pred, graph)
+            if cycles:
+                return dist, cycles
+    return dist, []
+
+
+def _predecessor_cycles(pred: np.ndarray, graph: np.ndarray) -> list[list[int]]:
+    """The cycles of a predecessor graph (``-1``: none), each in arc order.
+
+    Every cycle that Bellman-Ford's predecessor graph closes is negative (a node's
+    distance is at least its predecessor's plus the arc, strictly for the node that
+    was lowered last); the weight is checked anyway.
+    """
+    parent = pred.tolist()
+    walk = [0] * len(parent)  # the walk that first reached each node, from 1
+    cycles: list[list[int]] = []
+    for start in range(len(parent)):
+        path = []
+        node = start
+        while node >= 0 and not walk[node]:
+            walk[node] = start + 1
+            path.append(node)
+            node = parent[node]
+        if node >= 0 and walk[node] == start + 1:  # this walk closed a cycle
+            cycle = path[path.index(node):][::-1]  # reversed: pred[v] -> v is an arc
+            if graph[cycle[1:] + cycle[:1], cycle].sum() < 0:
+                cycles.append(cycle)
+    return cycles
+
+
+def _cancel_cycles(cost: np.ndarray, labels: np.ndarray, members: np.ndarray,
+                   graph: np.ndarray, slot: np.ndarray, cycles: list[list[int]]) -> None:
+    """Move one point along every arc of each (vertex-disjoint) negative cycle: the
+    cheapest mover from a to b joins b, and so on around; sizes are unchanged. Updates
+    ``labels``, ``members``, ``graph`` and ``slot`` (see :func:`_cluster_graph`) in place.
+    """
+    tails: list[int] = []
+    heads: list[int] = []
+    previous: list[int] = []  # the arc whose mover takes the freed slot
+    for cycle in cycles:
+        start = len(tails)
+        tails += cycle
+        heads += cycle[1:] + cycle[:1]
+        previous += [start + len(cycle) - 1] + list(range(start, start + len(cycle) - 1))
+    tail, head = np.array(tails), np.array(heads)
+    edges = np.arange(len(tails))
+    slots = slot[tail, head]
+    movers = members[tail, slots]
+    incoming = movers[previous]
+    members[tail, slots] = incoming
+    labels[movers] = head
+    if members.size <= _SMALL_CLUSTER_GRAPH:  # fewer operations: recompute the rows
+        block = cost[members[tail]]  # (E, size, L)
+        block -= block[edges, :, tail][:, :, None]
+        slot[tail] = block.argmin(axis=1)
+        graph[:, tail] = block.min(axis=1).T
+        return
+    # A tail cluster's cheapest moves change where the mover was the cheapest (those
+    # are recomputed over its members) or where the incoming point is cheaper.
+    stale = slot[tail] == slots[:, None]
+    fresh = cost[incoming] - cost[incoming, tail][:, None]
+    moves = graph[:, tail].T
+    better = fresh < moves
+    moves = np.where(better, fresh, moves)
+    positions = np.where(better, slots[:, None], slot[tail])
+    arc, col = np.nonzero(stale)
+    block = members[tail[arc]]
+    recomputed = cost[block, col[:, None]] - cost[block, tail[arc][:, None]]
+    cheapest = recomputed.argmin(axis=1)
+    moves[arc, col] = recomputed[np.arange(len(arc)), cheapest]
+    positions[arc, col] = cheapest
+    moves[edges, tail] = 0.0
+    graph[:, tail] = moves.T
+    slot[tail] = positions
+
+
+def _restricted_duals(cost: np.ndarray, labels: np.ndarray, rows: np.ndarray,
+                      arcs: np.ndarray, guess: np.ndarray) -> np.ndarray:
+    """Dual potentials of the restricted flow's optimum ``labels`` over its network
+    (points ``rows``, ``arcs`` mask): shortest paths on its cluster graph, from
+    ``guess`` (so clusters that the restricted network leaves loose keep their old
+    price).
+    """
+    n_clusters = cost.shape[1]
+    tails, heads = np.nonzero(arcs)
+    points = rows[tails]
+    own = labels[points]
+    moves = heads != own
+    points, heads, own = points[moves], heads[moves], own[moves]
+    graph = np.full((n_clusters, n_clusters), np.inf)
+    np.fill_diagonal(graph, 0.0)
+    np.minimum.at(graph, (heads, own), cost[points, heads] - cost[points, own])
+    dist, cycles = _bellman_ford(graph, guess)
+    if cycles is not None:
+        raise RuntimeError("the restricted min-cost flow is not optimal")
+    return dist
 
 
 def assignment_prices(d: np.ndarray, labels: np.ndarray,
@@ -485,40 +931,6 @@ def assignment_prices(d: np.ndarray, labels: np.ndarray,
     if np.diag(dist).min() < -tolerance:
         return None
     return dist.min(axis=0)
-
-
-def _solve_assignment_flow(cost: np.ndarray, size: int, free: np.ndarray,
-                           labels: np.ndarray | None, width: int) -> np.ndarray | None:
-    """Min-cost flow over the ``free`` points (arcs to their ``width`` cheapest clusters
-    and their current one); the other points keep ``labels``. ``None`` if infeasible.
-    """
-    n, n_clusters = cost.shape
-    rows = np.flatnonzero(free)
-    sub = cost[rows]
-    if width < n_clusters:
-        heads = np.argpartition(sub, width - 1, axis=1)[:, :width]
-    else:
-        heads = np.broadcast_to(np.arange(n_clusters), (len(rows), n_clusters))
-    tails = np.repeat(np.arange(len(rows), dtype=np.int64), heads.shape[1])
-    heads = heads.reshape(-1).astype(np.int64)
-    demand = np.full(n_clusters, size, dtype=np.int64)
-    if labels is not None:
-        current = labels[rows]
-        missing = ~(heads.reshape(len(rows), -1) == current[:, None]).any(axis=1)
-        tails = np.concatenate([tails, np.flatnonzero(missing)])
-        heads = np.concatenate([heads, current[missing]])
-        demand -= np.bincount(labels[~free], minlength=n_clusters)
-    flow = min_cost_flow.SimpleMinCostFlow()
-    arcs = flow.add_arcs_with_capacity_and_unit_cost(
-        tails, heads + len(rows), np.ones(len(tails), np.int64), sub[tails, heads])
-    flow.set_nodes_supplies(np.arange(len(rows) + n_clusters),
-                            np.concatenate([np.ones(len(rows), np.int64), -demand]))
-    if flow.solve() != flow.OPTIMAL:
-        return None
-    used = flow.flows(arcs) > 0
-    out = np.array(labels, dtype=np.int64) if labels is not None else np.empty(n, np.int64)
-    out[rows[tails[used]]] = heads[used]
-    return out
 
 
 def class_distributions(histograms: np.ndarray, groups: list[list[int]],

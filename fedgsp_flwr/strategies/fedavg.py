@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
@@ -24,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from ..threads import ThreadHintGrid, frozen_gc, is_simulation, server_threads, thread_limit
 from .metrics import aggregate_metrics, reply_metrics
 from .nodes import NodeHistograms
 from .progress import TrainingProgress
@@ -117,6 +119,10 @@ class FedAvg(FlowerFedAvg):
     ----------
     max_untrained_rounds : int (default: 3)
         Rounds in a row without a trained model after which the run stops (>= 1).
+    server_threads : int | None (default: None)
+        BLAS/OpenMP threads for the strategy's own numpy work during :meth:`start`.
+        ``None``: 1 in Flower's simulation engine, whose ClientApps own the cores (see
+        :mod:`fedgsp_flwr.threads`), the process's setting in deployment.
     **kwargs : Any
         :class:`flwr.serverapp.strategy.FedAvg`'s parameters.
 
@@ -131,14 +137,18 @@ class FedAvg(FlowerFedAvg):
         The last model that trained, and the count of rounds without one.
     """
 
-    def __init__(self, *, max_untrained_rounds: int = 3, **kwargs: Any) -> None:
+    def __init__(self, *, max_untrained_rounds: int = 3, server_threads: int | None = None,
+                 **kwargs: Any) -> None:
         for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
             kwargs[key] = kwargs.get(key) or aggregate_metrics
         super().__init__(**kwargs)
         check_parameters(type(self).__name__, [
             (type(max_untrained_rounds) is int and max_untrained_rounds >= 1,
              f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
+            (server_threads is None or (type(server_threads) is int and server_threads >= 1),
+             f"server_threads must be None or an integer >= 1, got {server_threads!r}"),
         ])
+        self.server_threads = server_threads
         self.history: dict[int, dict[str, Any]] = {}
         self.known: NodeHistograms | None = None
         self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
@@ -171,18 +181,27 @@ class FedAvg(FlowerFedAvg):
             If ``max_untrained_rounds`` rounds in a row, or every round of the run,
             trained nothing; its ``arrays`` is the last model that trained.
         """
-        self.begin_run(initial_arrays, timeout)
-        result = super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                               train_config=train_config, evaluate_config=evaluate_config,
-                               evaluate_fn=evaluate_fn, **kwargs)
+        with self.running(grid, initial_arrays, timeout) as run_grid:
+            result = super().start(run_grid, initial_arrays, num_rounds=num_rounds,
+                                   timeout=timeout, train_config=train_config,
+                                   evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
+                                   **kwargs)
         return self.end_run(result, num_rounds)
 
-    def begin_run(self, initial_arrays: ArrayRecord, timeout: float) -> None:
-        """Before a run's first round (:meth:`start` calls it; so does a wrapper that
-        runs Flower's loop itself, such as a resumed run's).
+    @contextmanager
+    def running(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float,
+                ) -> Iterator[Grid]:
+        """Around a run's rounds (:meth:`start` uses it; so does a wrapper that runs
+        Flower's loop itself, such as a resumed run's): resets the run's state, runs the
+        rounds with ``server_threads`` BLAS threads and the objects alive before them
+        frozen for the cyclic GC (:func:`~fedgsp_flwr.threads.frozen_gc`), and yields the
+        grid to use (in simulation a :class:`~fedgsp_flwr.threads.ThreadHintGrid`).
         """
         self.progress.reset(initial_arrays)
         self.start_timeout = timeout
+        threads = server_threads(grid, self.server_threads)
+        with thread_limit(threads), frozen_gc():
+            yield ThreadHintGrid(grid) if is_simulation(grid) else grid
 
     def end_run(self, result: Result, num_rounds: int) -> Result:
         """After a run's last round: fill an empty ``result.arrays`` with the last model

@@ -166,30 +166,42 @@ def run_relay(
     waiting: dict[str, _Chain] = {}
     plain = plain_nodes if plain_nodes is not None else set()
 
-    def send_next(chain: _Chain) -> None:
+    def hop_message(chain: _Chain) -> Message | None:
         position = chain.next_position
         if position >= len(chain.result.nodes):
-            return
+            return None
         hop_config = ConfigRecord(dict(config))
         hop_config["relay-group"] = chain.result.group
         hop_config["relay-hop"] = position
         content = RecordDict({"arrays": chain.result.arrays, "config": hop_config})
         node = chain.result.nodes[position]
         chain.message_type = "train" if node in plain else message_type
-        message = Message(content=content, dst_node_id=node,
-                          message_type=chain.message_type)
+        return Message(content=content, dst_node_id=node, message_type=chain.message_type)
+
+    def send(batch: Sequence[_Chain]) -> None:
+        # One push per wave: the grid sees how many hops run at once (thread hints).
+        outgoing = [(c, m) for c in batch if (m := hop_message(c)) is not None]
+        if not outgoing:
+            return
         try:
-            pushed = list(grid.push_messages([message]))
+            pushed = set(grid.push_messages([m for _, m in outgoing]))
         except Exception as err:  # noqa: BLE001 - a node gone between rounds: skip it
-            pushed, reason = [], f"push failed: {err}"
+            if len(outgoing) > 1:  # which one: push them one by one
+                for chain, _ in outgoing:
+                    send([chain])
+                return
+            pushed, reason = set(), f"push failed: {err}"
         else:
             reason = "push returned no message id"
-        if not pushed:
-            finish_hop(chain, Hop(node, position, HOP_LOST, reason))
-            return
-        chain.sent_at = time.monotonic()
-        chain.bytes_sent = chain.result.arrays.count_bytes()
-        waiting[pushed[0]] = chain
+        now = time.monotonic()
+        for chain, message in outgoing:
+            if message.metadata.message_id not in pushed:
+                finish_hop(chain, Hop(message.metadata.dst_node_id, chain.next_position,
+                                      HOP_LOST, reason))
+                continue
+            chain.sent_at = now
+            chain.bytes_sent = chain.result.arrays.count_bytes()
+            waiting[message.metadata.message_id] = chain
 
     def finish_hop(chain: _Chain, hop: Hop) -> None:
         chain.result.hops.append(hop)
@@ -197,10 +209,9 @@ def run_relay(
             log(WARNING, "relay group %d: skipped node %d at hop %d (%s); its model goes on",
                 chain.result.group, hop.node_id, hop.position, hop.reason)
         chain.next_position += 1
-        send_next(chain)
+        send([chain])
 
-    for chain in chains:
-        send_next(chain)
+    send(chains)
     while waiting:
         replies = list(grid.pull_messages(list(waiting)))
         now = time.monotonic()
@@ -213,7 +224,7 @@ def run_relay(
                 plain.add(node)
                 log(INFO, "relay: node %d has no '%s' handler; its hops go as 'train'",
                     node, answered.message_type)
-                send_next(answered)
+                send([answered])
                 continue
             finish_hop(answered, _hop_from_reply(answered, reply, now, weighted_by_key))
         for message_id, chain in list(waiting.items()):

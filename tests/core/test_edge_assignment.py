@@ -10,8 +10,10 @@ import pytest
 from fedgsp_flwr.core.edge_assignment import (
     POLICIES,
     AssignmentProblem,
+    _extend,
     assign,
     brute_force,
+    chain_search,
     edge_class_coverage,
     load_topology,
     local_search,
@@ -208,3 +210,206 @@ def test_warm_start_keeps_reachable_previous_edges_and_coverage_counts_classes()
     assert start[2] == 0  # edge 1 is out of its reach: the greedy edge instead
     coverage = edge_class_coverage(counts, np.array([0, 1, 1, 0]), 2)
     assert coverage == [0.5, 1.0]  # user 3 holds no data and is not counted
+
+
+def _cost(edge_counts: np.ndarray, total: np.ndarray) -> np.ndarray:
+    n = total.sum()
+    return np.abs(n * edge_counts - edge_counts.sum(axis=-1, keepdims=True) * total).sum(
+        axis=-1)
+
+
+def reference_local_search(problem: AssignmentProblem, x: np.ndarray) -> np.ndarray:
+    """The straightforward local search: every step rescores every (user, edge) move and
+    every swap from scratch (the implementation before vectorisation).
+    """
+    x = np.array(x, dtype=np.int64)
+    v = problem.counts.astype(np.float64)
+    total = v.sum(axis=0)
+    n_edges, n_users = problem.num_edges, problem.num_users
+    edge_counts = np.zeros((n_edges, v.shape[1]))
+    np.add.at(edge_counts, x, v)
+    tol = 1e-9 * max(total.sum(), 1.0) ** 2
+    pairs = [(a, b) for a in range(n_edges) for b in range(a + 1, n_edges)]
+    start = 0
+    while True:
+        cost = _cost(edge_counts, total)
+        leave = _cost(edge_counts[x] - v, total) - cost[x]
+        join = _cost(edge_counts[None, :, :] + v[:, None, :], total) - cost[None, :]
+        delta = leave[:, None] + join
+        allowed = problem.reach.T.copy()
+        allowed[np.arange(n_users), x] = False
+        if problem.capacity is not None:
+            allowed &= (np.bincount(x, minlength=n_edges) < problem.capacity)[None, :]
+        delta[~allowed] = np.inf
+        mover, target = np.unravel_index(int(np.argmin(delta)), delta.shape)
+        if delta[mover, target] < -tol:
+            edge_counts[x[mover]] -= v[mover]
+            edge_counts[target] += v[mover]
+            x[mover] = target
+            continue
+        for k in range(len(pairs)):
+            a, b = pairs[(start + k) % len(pairs)]
+            us = np.flatnonzero((x == a) & problem.reach[b])
+            ws = np.flatnonzero((x == b) & problem.reach[a])
+            if not len(us) or not len(ws):
+                continue
+            diff = v[ws][None, :, :] - v[us][:, None, :]
+            change = (_cost(edge_counts[a] + diff, total) + _cost(edge_counts[b] - diff, total)
+                      - cost[a] - cost[b])
+            i, j = np.unravel_index(int(np.argmin(change)), change.shape)
+            if change[i, j] < -tol:
+                u, w = us[i], ws[j]
+                edge_counts[a] += v[w] - v[u]
+                edge_counts[b] += v[u] - v[w]
+                x[u], x[w] = b, a
+                start = (start + k + 1) % len(pairs)
+                break
+        else:
+            return x
+
+
+def test_local_search_takes_the_same_steps_as_a_full_recomputation() -> None:
+    # Few distinct count rows, so many moves and swaps tie: the tie-breaking must match
+    # too (first user, then edge; rotating edge pairs), not only the final J.
+    rng = np.random.default_rng(11)
+    for trial in range(16):
+        n, e = int(rng.integers(20, 60)), int(rng.integers(2, 7))
+        rows = rng.integers(0, 9, size=(int(rng.integers(2, 6)), int(rng.integers(1, 5))))
+        counts = rows[rng.integers(len(rows), size=n)]
+        reach = rng.random((e, n)) < rng.uniform(0.3, 0.9)
+        reach[rng.integers(e, size=n), np.arange(n)] = True
+        problem = AssignmentProblem(counts, reach)
+        start = assign(problem, "random", rng).assignment
+        if trial % 3:  # full edges: no move fits, so the swaps' order decides
+            problem = AssignmentProblem(counts, reach, np.bincount(start, minlength=e)
+                                        + (trial % 3 == 2))
+        expected = reference_local_search(problem, start)
+        got = local_search(problem, start)
+        np.testing.assert_array_equal(got, expected)
+        assert objective(counts, got, e)[0] == objective(counts, expected, e)[0]
+
+
+def test_chain_search_finds_a_cycle_that_moves_and_swaps_cannot() -> None:
+    # Three full edges (capacity 2), each with two users of one class; users reach only
+    # their edge and the next one, so no move fits and no swap is in range. Rotating
+    # one user per edge around the cycle gives every edge two classes.
+    counts = np.repeat(np.eye(3, dtype=np.int64) * 10, 2, axis=0)
+    reach = np.zeros((3, 6), dtype=bool)
+    for u in range(6):
+        reach[[u // 2, (u // 2 + 1) % 3], u] = True
+    problem = AssignmentProblem(counts, reach, capacity=np.array([2, 2, 2]))
+    start = np.repeat(np.arange(3), 2)
+    assert local_search(problem, start).tolist() == start.tolist()
+    best, _ = brute_force(problem)
+    found = chain_search(problem, start)
+    problem.check(found)
+    assert objective(counts, start, 3)[0] == pytest.approx(4 / 3)
+    assert objective(counts, found, 3)[0] == pytest.approx(best) == pytest.approx(2 / 3)
+    # Without capacities a path (a move into an edge that pushes another user on) works.
+    open_problem = AssignmentProblem(counts, reach)
+    assert objective(counts, chain_search(open_problem, start), 3)[0] < 4 / 3
+
+
+def test_chain_search_keeps_feasibility_and_leaves_no_improving_move() -> None:
+    rng = np.random.default_rng(4)
+    for trial in range(6):
+        problem = random_problem(rng, 60, 6, f=4, capacity=trial % 2 == 1)
+        start = assign(problem, "random", rng).assignment
+        found = chain_search(problem, start, max_length=6, neighbours=4)
+        x = problem.check(found)  # reachable edges, capacities respected
+        j = objective(problem.counts, x, 6)[0]
+        assert j <= objective(problem.counts, start, 6)[0]
+        # Single moves are chains of length 0, scored exhaustively: none improves.
+        sizes = np.bincount(x, minlength=6)
+        for u in range(60):
+            for e in np.flatnonzero(problem.reach[:, u]):
+                if e == x[u] or (problem.capacity is not None
+                                 and sizes[e] >= problem.capacity[e]):
+                    continue
+                y = x.copy()
+                y[u] = e
+                assert objective(problem.counts, y, 6)[0] >= j - 1e-12
+
+
+def test_chain_extension_matches_a_loop_over_users() -> None:
+    # One step of the chain dynamic programme: per user w, the cheapest replacement u
+    # whose chain has not visited w's edge (first one on ties).
+    rng = np.random.default_rng(2)
+    n_users, n_edges, width = 40, 70, 5  # two 64-bit words of visited edges
+    x = rng.integers(n_edges, size=n_users)
+    value = rng.integers(-5, 5, size=n_users).astype(float)
+    value[rng.random(n_users) < 0.1] = np.inf
+    replacement = rng.integers(-1, n_users, size=(n_users, width))
+    score = rng.integers(-3, 3, size=(n_users, width)).astype(float)
+    visited_sets = [set(rng.choice(n_edges, size=int(rng.integers(1, 30)), replace=False))
+                    for _ in range(n_users)]
+    visited = np.zeros((n_users, 2), np.uint64)
+    for u, edges in enumerate(visited_sets):
+        for e in edges:
+            visited[u, e // 64] |= np.uint64(1) << np.uint64(e % 64)
+    word = x // 64
+    bit = np.left_shift(np.uint64(1), (x % 64).astype(np.uint64))
+    new_value, pred = _extend(value, visited, word, bit, replacement, score)
+    for w in range(n_users):
+        options = [(value[u] + score[w, j], j, u) for j, u in enumerate(replacement[w])
+                   if u >= 0 and np.isfinite(value[u]) and x[w] not in visited_sets[u]]
+        if options:
+            best = min(options)
+            assert (new_value[w], pred[w]) == (best[0], best[2])
+        else:
+            assert (new_value[w], pred[w]) == (np.inf, -1)
+
+
+def test_greedy_is_feasible_deterministic_and_no_worse_than_its_local_search() -> None:
+    rng = np.random.default_rng(8)
+    counts = np.zeros((400, 10), dtype=np.int64)
+    counts[np.arange(400), np.arange(400) % 10] = rng.integers(20, 101, 400)
+    reach, _ = paper_topology(counts, 12, 3, rng)
+    capacity = np.full(12, 36)  # 400 users over 12 edges of at most 36
+    problem = AssignmentProblem(counts, reach, capacity)
+    first = assign(problem, "greedy", np.random.default_rng(0))
+    x = problem.check(first.assignment)
+    assert (np.bincount(x, minlength=12) <= capacity).all()
+    assert problem.reach[x, np.arange(400)].all()
+    again = assign(problem, "greedy", np.random.default_rng(1))
+    np.testing.assert_array_equal(again.assignment, x)
+    moves_and_swaps = local_search(problem, assign(problem, "heuristic", rng).assignment)
+    assert first.objective <= objective(counts, moves_and_swaps, 12)[0]
+
+
+def test_optimal_reports_a_certified_gap() -> None:
+    rng = np.random.default_rng(6)
+    for trial in range(6):
+        problem = random_problem(rng, int(rng.integers(4, 9)), 3, capacity=trial % 2 == 0)
+        best, _ = brute_force(problem)
+        result = assign(problem, "optimal", np.random.default_rng(trial), time_limit=10)
+        assert result.status == "optimal" and result.gap == 0.0
+        assert result.bound_source == "cp-sat"
+        assert result.bound == pytest.approx(best, abs=1e-12)
+    # Stopped early on a larger instance: the bound is below the optimum, the gap is
+    # (J - bound) / J in [0, 1], and the result is never worse than the greedy hint.
+    counts = np.zeros((300, 10), dtype=np.int64)
+    counts[np.arange(300), np.arange(300) % 10] = rng.integers(20, 101, 300)
+    reach, _ = paper_topology(counts, 10, 3, rng)
+    problem = AssignmentProblem(counts, reach)
+    hint = assign(problem, "greedy", rng)
+    result = assign(problem, "optimal", rng, hint=hint.assignment, time_limit=0.3)
+    assert result.objective <= hint.objective
+    assert 0.0 <= result.bound <= result.objective
+    assert result.gap == pytest.approx((result.objective - result.bound) / result.objective)
+    assert (result.status == "optimal") == (result.gap == 0.0)
+    # Policies without a bound report no gap.
+    assert assign(problem, "greedy", rng).gap is None
+
+
+def test_paper_topology_keeps_its_shape_with_more_edges_than_class_pairs() -> None:
+    # Cross-device size: E = 100 edges over F = 10 classes; each class pair (2e, 2e + 1)
+    # mod F is held by 10 edges, every edge still by users of exactly 2 classes.
+    counts = np.zeros((2000, 10), dtype=np.int64)
+    counts[np.arange(2000), np.arange(2000) % 10] = 25
+    reach, original = paper_topology(counts, 100, 3, np.random.default_rng(1))
+    assert (reach.sum(axis=0) == 3).all() and reach[original, np.arange(2000)].all()
+    for e in range(100):
+        assert set(np.argmax(counts[original == e], axis=1).tolist()) == {
+            (2 * e) % 10, (2 * e + 1) % 10}
+    assert np.bincount(original, minlength=100).min() == 20

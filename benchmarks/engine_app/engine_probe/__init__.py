@@ -1,0 +1,1 @@
+"""Probe app of benchmarks/engine_overhead.py."""

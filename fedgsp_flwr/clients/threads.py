@@ -1,0 +1,61 @@
+"""The ClientApp side of :mod:`fedgsp_flwr.threads`: each message handled with the
+threads the server's hint or the node's config gives.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch  # noqa: F401  # loaded before any handler, so that thread_limit sets it
+from flwr.app import Context, Message
+from flwr.clientapp.typing import ClientAppCallable
+
+from ..threads import CONFIG_KEY, THREADS_KEY, thread_limit
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"'{THREADS_KEY}' in the {name} must be an integer >= 1, got "
+                         f"{value!r}")
+    return value
+
+
+def message_threads(message: Message, context: Context) -> int | None:
+    """Threads a ClientApp should use for ``message``.
+
+    The node's own ``num-threads`` (node config) wins: it is the operator's setting for
+    that machine. Otherwise the server's hint in the message's config, but never fewer
+    than the process was started with (``OMP_NUM_THREADS``, which Ray sets to the
+    actor's CPUs). ``None`` when neither says anything: keep the process's setting.
+
+    Raises
+    ------
+    ValueError
+        If either value is not an integer >= 1.
+    """
+    if THREADS_KEY in context.node_config:
+        return _positive_int(context.node_config[THREADS_KEY], "node config")
+    records = message.content.config_records if message.has_content() else {}
+    config = records.get(CONFIG_KEY)
+    if config is None or THREADS_KEY not in config:
+        return None
+    hint = _positive_int(config[THREADS_KEY], "message config")
+    try:
+        started_with = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    except ValueError:
+        started_with = 1
+    return max(hint, started_with)
+
+
+def threads_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower mod: handle each message with the threads :func:`message_threads` gives.
+
+    Examples
+    --------
+    >>> from flwr.clientapp import ClientApp
+    >>> app = ClientApp(mods=[threads_mod])
+    """
+    with thread_limit(message_threads(message, context)):
+        return call_next(message, context)
+
+
