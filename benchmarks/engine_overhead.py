@@ -87,12 +87,14 @@ def part_b(sim: LocalSimulation, folder: Path, sizes: list[int], rounds: int) ->
 
 
 def part_c(sim: LocalSimulation, folder: Path, hops: int) -> dict:
+    import torch
+
     from fedgsp_flwr.models import build_model
 
     in_process = [hop_training(build_model("cnn", (1, 28, 28), 10, 0), p, seed=0)
                   for p in range(hops)]
     out: dict[str, Any] = {"in_process_seconds": in_process,
-                           "in_process_threads": __import__("torch").get_num_threads()}
+                           "in_process_threads": torch.get_num_threads()}
     reference = statistics.median(in_process)
     for hint in (False, True):
         run = simulate(sim, folder, hops, mode="relay", hops=hops, hint=hint)

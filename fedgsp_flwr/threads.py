@@ -120,8 +120,17 @@ def server_threads(grid: Grid, requested: int | None = None) -> int | None:
     return SIMULATION_SERVER_THREADS if is_simulation(grid) else None
 
 
+@contextmanager
+def server_work(grid: Grid, requested: int | None = None) -> Iterator[None]:
+    """Run a ServerApp's own work on ``grid``: with :func:`server_threads` threads and the
+    objects alive at the start frozen for the cyclic GC (:func:`frozen_gc`).
+    """
+    with thread_limit(server_threads(grid, requested)), frozen_gc():
+        yield
+
+
 class ThreadHintGrid(Grid):
-    """A simulation grid that hints each message's thread count and limits the server's.
+    """A simulation grid that hints each message's thread count.
 
     Every pushed message gets ``config["num-threads"]`` = cores // messages in flight
     (at least 1), the cores the simulated clients can share at that moment: a relay

@@ -19,7 +19,7 @@ from ..models import build_model, resolve_model_name
 from ..strategies import FedAvg
 from ..strategies.nodes import query_histograms
 from ..strategies.state import record_arrays, to_record
-from ..threads import frozen_gc, server_threads, thread_limit
+from ..threads import server_work
 from .checkpoint import (
     RESUMABLE_CHANGES,
     Checkpoint,
@@ -49,7 +49,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = RunConfig.from_mapping(context.run_config)  # parsed and checked once
         # Also the partitioning and central evaluation, outside the strategy's rounds.
-        with thread_limit(server_threads(grid, cfg.server_threads or None)), frozen_gc():
+        with server_work(grid, cfg.server_threads or None):
             run(grid, cfg)
     except Exception as err:
         log(ERROR, "The run failed: %s: %s", type(err).__name__, err)

@@ -54,6 +54,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from ..data import ClientData
+from ..threads import CONFIG_KEY
 from ..training import TrainResult, evaluate, train
 from .privacy import laplace_histogram
 from .sketches import compute_sketch
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
     import torch
 
 ARRAYS_KEY = "arrays"
-CONFIG_KEY = "config"
 METRICS_KEY = "metrics"
 HISTOGRAM_KEY = "histogram"
 SKETCH_KEY = "sketch"
@@ -315,7 +315,8 @@ def _model_from_message(
     return model
 
 
-def _message_config(message: Message) -> ConfigRecord:
+def message_config(message: Message) -> ConfigRecord:
+    """The message's ConfigRecord ``config`` (empty if it has none)."""
     records = message.content.config_records
     return records[CONFIG_KEY] if CONFIG_KEY in records else ConfigRecord()
 
@@ -356,7 +357,7 @@ def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messa
     """
 
     def handle(message: Message, context: Context) -> Message:
-        config = _message_config(message)
+        config = message_config(message)
         data = hooks.client_data(context)
         model = _model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
@@ -401,7 +402,7 @@ def make_bilevel_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mes
     """
 
     def handle(message: Message, context: Context) -> Message:
-        config = _message_config(message)
+        config = message_config(message)
         data = hooks.client_data(context)
         received = _model_from_message(message, hooks, context, data, GLOBAL_KEY)
         cluster = _model_from_message(message, hooks, context, data, CLUSTER_KEY)
@@ -529,7 +530,7 @@ def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mess
     """
 
     def handle(message: Message, context: Context) -> Message:
-        config = _message_config(message)
+        config = message_config(message)
         data = hooks.client_data(context)
         model = _model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))

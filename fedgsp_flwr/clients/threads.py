@@ -10,7 +10,8 @@ import torch  # noqa: F401  # loaded before any handler, so that thread_limit se
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..threads import CONFIG_KEY, THREADS_KEY, thread_limit
+from ..threads import THREADS_KEY, thread_limit
+from .handlers import message_config
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -35,9 +36,8 @@ def message_threads(message: Message, context: Context) -> int | None:
     """
     if THREADS_KEY in context.node_config:
         return _positive_int(context.node_config[THREADS_KEY], "node config")
-    records = message.content.config_records if message.has_content() else {}
-    config = records.get(CONFIG_KEY)
-    if config is None or THREADS_KEY not in config:
+    config = message_config(message) if message.has_content() else {}
+    if THREADS_KEY not in config:
         return None
     hint = _positive_int(config[THREADS_KEY], "message config")
     try:

@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from ..threads import ThreadHintGrid, frozen_gc, is_simulation, server_threads, thread_limit
+from ..threads import ThreadHintGrid, is_simulation, server_work
 from .metrics import aggregate_metrics, reply_metrics
 from .nodes import NodeHistograms
 from .progress import TrainingProgress
@@ -194,13 +194,12 @@ class FedAvg(FlowerFedAvg):
         """Around a run's rounds (:meth:`start` uses it; so does a wrapper that runs
         Flower's loop itself, such as a resumed run's): resets the run's state, runs the
         rounds with ``server_threads`` BLAS threads and the objects alive before them
-        frozen for the cyclic GC (:func:`~fedgsp_flwr.threads.frozen_gc`), and yields the
-        grid to use (in simulation a :class:`~fedgsp_flwr.threads.ThreadHintGrid`).
+        frozen for the cyclic GC (:func:`~fedgsp_flwr.threads.server_work`), and yields
+        the grid to use (in simulation a :class:`~fedgsp_flwr.threads.ThreadHintGrid`).
         """
         self.progress.reset(initial_arrays)
         self.start_timeout = timeout
-        threads = server_threads(grid, self.server_threads)
-        with thread_limit(threads), frozen_gc():
+        with server_work(grid, self.server_threads):
             yield ThreadHintGrid(grid) if is_simulation(grid) else grid
 
     def end_run(self, result: Result, num_rounds: int) -> Result:
