@@ -353,10 +353,23 @@ def rounds_to(curve: Sequence[float], target: float | None,
     return next((r for r, acc in zip(rounds, curve, strict=True) if acc >= target), None)
 
 
+def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float]:
+    """Cost-model time and traffic (FedGSP Eq. 15-17) and the bytes the run moved in
+    training, summed over rounds 1..``last_round``.
+    """
+    rows = [r for r in metrics["rounds"] if 0 < r["round"] <= last_round]
+    return {
+        "cost-time": sum(r.get("cost-comp-s", 0.0) + r.get("cost-comm-s", 0.0) for r in rows),
+        "cost-traffic": sum(r.get("cost-traffic", 0.0) for r in rows),
+        "train-bytes": sum(r.get("bytes-sent", 0) + r.get("bytes-received", 0) for r in rows),
+    }
+
+
 def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     """One summary row per strategy: final accuracy (the experiment's metric), rounds
-    to the target and to the reference's final accuracy, the reported metrics at the
-    last round, model bytes moved in training, wall time.
+    to the target and to the reference's final accuracy (with the cost model's time and
+    traffic and the bytes moved until then), the reported metrics at the last round,
+    model bytes moved in training, wall time.
     """
     done = {label: runs for label in exp.strategies
             if (runs := complete_runs(exp, root, label))}
@@ -384,9 +397,14 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             reached = [rounds_to(values, target, rounds)
                        for rounds, values in (series(m, exp.metric) for m in runs)]
             hits = [r for r in reached if r is not None]
-            row[f"rounds-to-{name}"] = (float(np.mean(hits)) if len(hits) == len(reached)
-                                        else None)
+            everywhere = len(hits) == len(reached)
+            row[f"rounds-to-{name}"] = float(np.mean(hits)) if everywhere else None
             row[f"seeds-reaching-{name}"] = len(hits)
+            costs = [cost_to(m, r) for m, r in zip(runs, reached, strict=True)
+                     if r is not None]
+            for key in ("cost-time", "cost-traffic", "train-bytes"):
+                row[f"{key}-to-{name}"] = (float(np.mean([c[key] for c in costs]))
+                                           if everywhere else None)
         for key in exp.report:
             values = [v for m in runs if (v := final(m, key)) is not None]
             row[key] = float(np.mean(values)) if values else None

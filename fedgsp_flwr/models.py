@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-MODELS = ("auto", "mlp", "cnn", "logistic")
+MODELS = ("auto", "mlp", "cnn", "cnn-leaf", "logistic")
 
 
 def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
@@ -29,8 +29,9 @@ def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
     is_image = len(input_shape) == 3
     if name == "auto":
         return "cnn" if is_image else "logistic"
-    if name == "cnn" and not is_image:
-        raise ValueError(f"model 'cnn' needs (C, H, W) images, got input shape {input_shape}")
+    if name.startswith("cnn") and not is_image:
+        raise ValueError(f"model '{name}' needs (C, H, W) images, got input shape "
+                         f"{input_shape}")
     return name
 
 
@@ -43,8 +44,10 @@ def build_model(
     ----------
     name : str
         ``mlp`` (flatten -> 2048 -> ReLU -> classes, StoCFL's 784-2048-10), ``cnn``
-        (two 5x5 conv + max-pool layers, then 512 -> classes, the FedAvg/FedGSP CNN),
-        ``logistic`` (one linear layer), or ``auto``.
+        (two 5x5 conv + max-pool layers, then 512 -> classes, the FedAvg CNN),
+        ``cnn-leaf`` (the same with 2048 hidden units: LEAF's FEMNIST CNN, FedGSP's
+        model, 6.6M parameters = the paper's 25.2 MB with 62 classes), ``logistic``
+        (one linear layer), or ``auto``.
     input_shape : tuple[int, ...]
         Shape of one example: (C, H, W) for images, (D,) for vectors.
     num_classes : int
@@ -72,8 +75,58 @@ def build_model(
             return nn.Sequential(nn.Flatten(), nn.Linear(flat, num_classes))
         channels, height, width = input_shape
         conv_out = 64 * (height // 4) * (width // 4)
+        hidden = 2048 if name == "cnn-leaf" else 512
         return nn.Sequential(
             nn.Conv2d(channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(conv_out, 512), nn.ReLU(), nn.Linear(512, num_classes),
+            nn.Flatten(), nn.Linear(conv_out, hidden), nn.ReLU(),
+            nn.Linear(hidden, num_classes),
         )
+
+
+def training_flops(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:
+    """FLOPs to train on one example: 3x the forward pass's multiply-adds x 2.
+
+    Counts the ``Linear`` and ``Conv2d`` layers (2 FLOPs per multiply-add; activations,
+    pooling and biases are negligible beside them). The backward pass costs about twice
+    the forward pass, hence 3x. For FedGSP's FEMNIST CNN (``cnn-leaf``, 62 classes) this
+    gives 103M, where the paper states 96M (its N_calc, Eq. 15).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (its weights are not changed).
+    input_shape : tuple[int, ...]
+        Shape of one example.
+
+    Returns
+    -------
+    float
+        Training FLOPs per example.
+    """
+    import torch
+    from torch import nn
+
+    forward = [0.0]
+
+    def count(module: nn.Module, _: tuple, output: torch.Tensor) -> None:
+        if isinstance(module, nn.Linear):
+            forward[0] += 2.0 * module.in_features * module.out_features
+        elif isinstance(module, nn.Conv2d):
+            per_output = module.in_channels // module.groups * math.prod(module.kernel_size)
+            forward[0] += 2.0 * per_output * output[0].numel()
+
+    hooks = [m.register_forward_hook(count) for m in model.modules()
+             if isinstance(m, (nn.Linear, nn.Conv2d))]
+    try:
+        with torch.no_grad():
+            model(torch.zeros((1, *input_shape)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return 3.0 * forward[0]
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Number of trainable parameters: the FLOPs to add the model into an aggregate."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -106,6 +106,9 @@ class RunConfig:
         0.2, "size of a client's test split relative to its train split", _fraction,
         "in (0, 1]",
     )
+    transform_copies: bool = _setting(
+        False, "rotated/shifted: every latent group splits a transformed copy of the whole "
+        "training set (IFCA's and StoCFL's Rotated MNIST)")
     synthetic_alpha: float = _setting(
         1.0, "model heterogeneity alpha of the Synthetic(alpha, beta) data", _non_negative,
         ">= 0",
@@ -275,6 +278,21 @@ class RunConfig:
     ditto_personal_steps: int = _setting(
         0, "Ditto: mini-batch steps of the personal model instead of epochs (0 = not by "
         "steps; set at most one of the two)", _non_negative, ">= 0")
+    cost_flops_per_example: float = _setting(
+        0.0, "cost model (FedGSP Eq. 15): training FLOPs per example (0 = counted from the "
+        "run's model)", _non_negative, ">= 0")
+    cost_aggregation_flops: float = _setting(
+        0.0, "cost model: FLOPs to aggregate one model (0 = the model's parameter count)",
+        _non_negative, ">= 0")
+    cost_device_flops: float = _setting(
+        567e9, "cost model: device throughput, FLOP/s (the paper's Snapdragon 835)",
+        _positive, "> 0")
+    cost_rate_in: float = _setting(
+        567.0, "cost model (Eq. 16): inbound link rate, Mbit/s (the paper's)", _positive,
+        "> 0")
+    cost_rate_out: float = _setting(
+        567.0, "cost model (Eq. 16): outbound link rate, Mbit/s (the paper's)", _positive,
+        "> 0")
     seed: int = _setting(42, "seed of data partitions, model init and sampling")
     train_timeout: float = _setting(
         3600.0, "seconds to wait for the replies to training or evaluation messages (a "

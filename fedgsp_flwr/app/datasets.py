@@ -35,6 +35,7 @@ def partition_spec(cfg: RunConfig, num_partitions: int) -> PartitionSpec:
         classes_per_client=cfg.classes_per_client,
         shards_per_client=cfg.shards_per_client,
         test_fraction=cfg.test_fraction,
+        transform_copies=cfg.transform_copies,
     )
 
 

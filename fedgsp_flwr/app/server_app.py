@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import random
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from logging import ERROR, INFO
 from pathlib import Path
@@ -15,7 +16,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from ..models import build_model, resolve_model_name
+from ..core.cost import CostModel, round_cost
+from ..models import build_model, parameter_count, resolve_model_name, training_flops
 from ..strategies import FedAvg
 from ..strategies.nodes import query_histograms
 from ..strategies.state import record_arrays, to_record
@@ -85,12 +87,65 @@ def training_config(cfg: RunConfig) -> ConfigRecord:
     )
 
 
+@dataclass(frozen=True)
+class RoundPricer:
+    """Prices each round with FedGSP's cost model (Eq. 15-17) from what it did.
+
+    A round's participants are its relay hops or its training replies, its longest
+    chain the hops that trained one after another in one group (1 when clients train
+    in parallel), its aggregated models its uploads. HierFL's rounds (several edge
+    rounds each) are not priced.
+
+    Attributes
+    ----------
+    model : CostModel
+        The constants.
+    examples_per_client : float
+        Mean training examples per client.
+    epochs : float
+        Local epochs per client.
+    model_bytes : float
+        Size of the model.
+    """
+
+    model: CostModel
+    examples_per_client: float
+    epochs: float
+    model_bytes: float
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, model: Any, input_shape: tuple[int, ...],
+                examples_per_client: float) -> RoundPricer:
+        """The run's pricer: FLOPs and size from its model unless the config sets them."""
+        constants = CostModel(
+            flops_per_example=cfg.cost_flops_per_example or training_flops(model, input_shape),
+            aggregation_flops=cfg.cost_aggregation_flops or float(parameter_count(model)),
+            device_flops=cfg.cost_device_flops, rate_in_mbps=cfg.cost_rate_in,
+            rate_out_mbps=cfg.cost_rate_out)
+        return cls(constants, examples_per_client, cfg.local_epochs,
+                   float(ArrayRecord(model.state_dict()).count_bytes()))
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, float]:
+        """``cost-comp-s``, ``cost-comm-s``, ``cost-traffic`` of a round's metrics row."""
+        if "edge-rounds" in row or not row.get("uploads"):
+            return {}
+        relay = "hops" in row
+        cost = round_cost(
+            self.model, participants=int(row["hops"] if relay else row.get("train-replies", 0)),
+            longest_chain=int(row.get("longest-chain", 1)), uploads=int(row["uploads"]),
+            examples_per_client=self.examples_per_client, epochs=self.epochs,
+            model_bytes=self.model_bytes)
+        return {"cost-comp-s": cost.comp_seconds, "cost-comm-s": cost.comm_seconds,
+                "cost-traffic": cost.traffic_bytes}
+
+
 class CentralEvaluator:
     """Scores the global model on the server's test set after every round.
 
     Used as Flower's ``evaluate_fn``: it also logs one line per round, merges the
-    strategy's per-round history (client metrics, rejected replies) and hands the row
-    to the recorder, so that the results folder is current after every round.
+    strategy's per-round history (client metrics, rejected replies), prices the round
+    with the cost model (``pricer``) and hands the row to the recorder, so that the
+    results folder is current after every round.
     """
 
     def __init__(
@@ -101,6 +156,7 @@ class CentralEvaluator:
         strategy: FedAvg,
         recorder: RunRecorder,
         offset: int = 0,
+        pricer: RoundPricer | None = None,
     ) -> None:
         self.cfg = cfg
         self.model = model
@@ -108,6 +164,7 @@ class CentralEvaluator:
         self.strategy = strategy
         self.recorder = recorder
         self.offset = offset
+        self.pricer = pricer
         self.started = self.last = time.perf_counter()
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -133,6 +190,8 @@ class CentralEvaluator:
             "elapsed": now - self.started,
         }
         row.update(self.strategy.history.get(server_round, {}))
+        if self.pricer is not None:
+            row.update(self.pricer(row))
         self.recorder.add_round(row)
         if server_round > 0:
             self.recorder.write_files(self.strategy.artifacts(final=False))
@@ -285,7 +344,8 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     recorder = RunRecorder(folder, metadata, previous)
     log(INFO, "Results of this run go to %s", folder)
     evaluator = CentralEvaluator(
-        cfg, model, load_server_test_set(cfg, num_nodes), strategy, recorder, done
+        cfg, model, load_server_test_set(cfg, num_nodes), strategy, recorder, done,
+        RoundPricer.for_run(cfg, model, bundle.input_shape, float(np.mean(sizes))),
     )
     if checkpoint is not None:
         restore_global_rngs(checkpoint.rng)  # last: as they were after round `done`

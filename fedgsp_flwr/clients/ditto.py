@@ -45,8 +45,8 @@ from .handlers import (
     METRICS_KEY,
     ClientHooks,
     TrainSettings,
-    _model_from_message,
-    _train,
+    model_from_message,
+    train_with_settings,
     local_seed,
     message_config,
 )
@@ -140,12 +140,12 @@ def make_ditto_train_handler(hooks: ClientHooks) -> Callable[[Message, Context],
         lam = ditto_lambda(config)
         own = personal_settings(config, settings)
         seed = local_seed(context, config)
-        received = _model_from_message(message, hooks, context, data)
+        received = model_from_message(message, hooks, context, data)
         with torch.random.fork_rng(devices=[]):
             personal = _personal_model(hooks, context, data,
                                        message.content.array_records[ARRAYS_KEY])
-            personal_result = _train(personal, data, own, seed, lam, received)
-        global_result = _train(received, data, settings, seed)
+            personal_result = train_with_settings(personal, data, own, seed, lam, received)
+        global_result = train_with_settings(received, data, settings, seed)
         context.state[PERSONAL_KEY] = ArrayRecord(personal.state_dict())
         metrics = MetricRecord({
             "train-loss": global_result.loss,
@@ -166,7 +166,7 @@ def make_ditto_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Contex
 
     def handle(message: Message, context: Context) -> Message:
         data = hooks.client_data(context)
-        received = _model_from_message(message, hooks, context, data)
+        received = model_from_message(message, hooks, context, data)
         global_loss, global_acc = evaluate(received, data.x_test, data.y_test)
         loss, accuracy = global_loss, global_acc
         has_personal = PERSONAL_KEY in context.state.array_records

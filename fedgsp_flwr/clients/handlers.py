@@ -259,11 +259,35 @@ def _output_width(model: torch.nn.Module, x: np.ndarray) -> int:
     return width
 
 
-def _model_from_message(
+def model_from_message(
     message: Message, hooks: ClientHooks, context: Context, data: ClientData,
     key: str = ARRAYS_KEY,
 ) -> torch.nn.Module:
-    """Build the app's model and load the message's ArrayRecord ``key`` into it."""
+    """Build the app's model and load the message's ArrayRecord ``key`` into it.
+
+    Parameters
+    ----------
+    message : Message
+        The received message.
+    hooks : ClientHooks
+        The app's hooks (``build_model``).
+    context : Context
+        The node's context.
+    data : ClientData
+        The node's data (some models read their input size from it).
+    key : str
+        The ArrayRecord to load.
+
+    Returns
+    -------
+    torch.nn.Module
+        The model with the message's weights.
+
+    Raises
+    ------
+    ValueError
+        If the message has no ArrayRecord ``key``.
+    """
     if key not in message.content.array_records:
         raise ValueError(
             f"message of type '{message.metadata.message_type}' carries no ArrayRecord "
@@ -315,9 +339,9 @@ def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messa
     def handle(message: Message, context: Context) -> Message:
         config = message_config(message)
         data = hooks.client_data(context)
-        model = _model_from_message(message, hooks, context, data)
+        model = model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
-        result = _train(model, data, settings, local_seed(context, config))
+        result = train_with_settings(model, data, settings, local_seed(context, config))
         metrics = {"train-loss": result.loss, "num-examples": result.num_examples}
         content = RecordDict(
             {
@@ -330,10 +354,31 @@ def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messa
     return handle
 
 
-def _train(model: torch.nn.Module, data: ClientData, settings: TrainSettings, seed: int,
-           proximal_mu: float | None = None,
-           proximal_center: torch.nn.Module | None = None) -> TrainResult:
-    """Train ``model`` in place on the node's data with the message's settings."""
+def train_with_settings(model: torch.nn.Module, data: ClientData, settings: TrainSettings,
+                        seed: int, proximal_mu: float | None = None,
+                        proximal_center: torch.nn.Module | None = None) -> TrainResult:
+    """Train ``model`` in place on the node's data with the message's settings.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model to train (changed in place).
+    data : ClientData
+        The node's data.
+    settings : TrainSettings
+        Epochs or steps, learning rate, batch size, momentum, proximal mu.
+    seed : int
+        Seed of the batch order (see :func:`local_seed`).
+    proximal_mu : float | None
+        Overrides ``settings.proximal_mu`` (``None``: keep it).
+    proximal_center : torch.nn.Module | None
+        Centre of the proximal term (``None``: the model's starting weights).
+
+    Returns
+    -------
+    TrainResult
+        Mean loss and examples seen.
+    """
     return train(
         model,
         data.x_train,
@@ -360,15 +405,16 @@ def make_bilevel_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mes
     def handle(message: Message, context: Context) -> Message:
         config = message_config(message)
         data = hooks.client_data(context)
-        received = _model_from_message(message, hooks, context, data, GLOBAL_KEY)
-        cluster = _model_from_message(message, hooks, context, data, CLUSTER_KEY)
+        received = model_from_message(message, hooks, context, data, GLOBAL_KEY)
+        cluster = model_from_message(message, hooks, context, data, CLUSTER_KEY)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         lam = config.get("lambda", 0.0)
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
             raise ValueError(f"message config 'lambda' must be a number >= 0, got {lam!r}")
         seed = local_seed(context, config)
-        cluster_result = _train(cluster, data, settings, seed, float(lam), received)
-        global_result = _train(received, data, settings, seed, 0.0)
+        cluster_result = train_with_settings(cluster, data, settings, seed, float(lam),
+                                             received)
+        global_result = train_with_settings(received, data, settings, seed, 0.0)
         metrics = MetricRecord({
             "train-loss": cluster_result.loss,
             "global-train-loss": global_result.loss,
@@ -389,7 +435,7 @@ def make_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Context], Me
 
     def handle(message: Message, context: Context) -> Message:
         data = hooks.client_data(context)
-        model = _model_from_message(message, hooks, context, data)
+        model = model_from_message(message, hooks, context, data)
         loss, accuracy = evaluate(model, data.x_test, data.y_test)
         metrics = MetricRecord(
             {"eval-loss": loss, "eval-acc": accuracy, "num-examples": len(data.y_test)}
@@ -508,7 +554,7 @@ def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mess
     def handle(message: Message, context: Context) -> Message:
         config = message_config(message)
         data = hooks.client_data(context)
-        model = _model_from_message(message, hooks, context, data)
+        model = model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         options = {}
         for key, default in (("sketch-epochs", 1), ("sketch-dim", 0), ("sketch-seed", 0)):

@@ -34,8 +34,8 @@ from .handlers import (
     METRICS_KEY,
     ClientHooks,
     TrainSettings,
-    _model_from_message,
-    _train,
+    model_from_message,
+    train_with_settings,
     local_seed,
     message_config,
 )
@@ -76,7 +76,7 @@ def make_ifca_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messag
         data = hooks.client_data(context)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         records = message.content.array_records
-        model = _model_from_message(message, hooks, context, data, model_record(0))
+        model = model_from_message(message, hooks, context, data, model_record(0))
         losses = []
         for index in range(k):
             if index:
@@ -84,7 +84,7 @@ def make_ifca_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messag
             losses.append(evaluate(model, data.x_train, data.y_train)[0])
         choice = pick_model(losses)
         model.load_state_dict(records[model_record(choice)].to_torch_state_dict())
-        result = _train(model, data, settings, local_seed(context, config))
+        result = train_with_settings(model, data, settings, local_seed(context, config))
         metrics = MetricRecord({
             "train-loss": result.loss,
             "num-examples": result.num_examples,

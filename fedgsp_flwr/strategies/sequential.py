@@ -179,8 +179,8 @@ class RelayStrategy(ServerSideRound):
 def relay_metrics(results: Sequence[ChainResult], seconds: float,
                   aggregate: MetricsAggregation, weighted_by_key: str) -> dict[str, Any]:
     """Per-round relay figures: the hops' own metrics aggregated by ``aggregate``
-    (whatever the ClientApp names them), then groups trained, uploads, hops, skips,
-    bytes, time.
+    (whatever the ClientApp names them), then groups trained, uploads, hops, the
+    longest chain (hops that trained, for the cost model), skips, bytes, time.
 
     ``uploads`` counts the models that enter the aggregate (one per trained chain,
     Semi-FL's cluster heads); every hop also passes through the server (``hops``).
@@ -192,6 +192,8 @@ def relay_metrics(results: Sequence[ChainResult], seconds: float,
         "groups-trained": sum(r.trained for r in results),
         "uploads": sum(r.trained for r in results),
         "hops": len(hops),
+        "longest-chain": max((sum(h.status == HOP_OK for h in r.hops) for r in results),
+                             default=0),
         "skipped-nodes": sum(len(r.skipped) for r in results),
         "bytes-sent": sum(h.bytes_sent for h in hops),
         "bytes-received": sum(h.bytes_received for h in hops),

@@ -201,3 +201,26 @@ def test_subsampled_runs_get_their_own_partition_cache(tmp_path) -> None:
         assert max(int(p.test_idx.max()) for p in parts) < len(bundle.y_test)
         assert sum(len(p.train_idx) for p in parts) == len(bundle.y_train)
     assert len(list((tmp_path / "partitions").glob("*.npz"))) == 3
+
+
+@pytest.mark.parametrize("scheme", ["rotated", "shifted"])
+def test_transform_copies_give_every_group_the_whole_training_set(
+    bundle: DataBundle, scheme: str
+) -> None:
+    parts = partition_dataset(bundle, PartitionSpec(scheme, 12, seed=2, transform_copies=True))
+    plain = partition_dataset(bundle, PartitionSpec(scheme, 12, seed=2))
+    total = len(bundle.y_train)
+    for g in range(4):
+        group = [p for p in parts if p.partition_id % 4 == g]
+        assert {p.latent_group for p in group} == {g}
+        assert_disjoint_cover(bundle, group)  # each group: a partition of the whole set
+        sizes = [len(p.train_idx) for p in group]
+        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == total
+    assert sum(len(p.train_idx) for p in parts) == 4 * sum(len(p.train_idx) for p in plain)
+    # the groups draw their splits independently
+    assert not np.array_equal(parts[0].train_idx, parts[1].train_idx)
+
+
+def test_transform_copies_are_refused_where_they_mean_nothing() -> None:
+    with pytest.raises(ValueError, match="transform-copies applies to partition 'rotated'"):
+        PartitionSpec("dirichlet", 8, transform_copies=True)

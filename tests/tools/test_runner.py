@@ -17,7 +17,8 @@ def write_run(root: Path, label: str, seed: int, accs: list[float],
     rounds = [{"round": r, "central-acc": a} for r, a in enumerate(accs)]
     if traffic is not None:
         for entry in rounds[1:]:
-            entry.update({"bytes-sent": traffic, "bytes-received": 2 * traffic})
+            entry.update({"bytes-sent": traffic, "bytes-received": 2 * traffic,
+                          "cost-comp-s": 1.0, "cost-comm-s": 0.5, "cost-traffic": 10.0})
     folder.joinpath("metrics.json").write_text(json.dumps({
         "status": "complete", "rounds": rounds,
         "summary": {"final-central-acc": accs[-1], "wall-time": 10.0}}))
@@ -42,6 +43,10 @@ def test_summary_reports_rounds_to_the_reference_accuracy_and_bytes(tmp_path: Pa
     assert rows["base"]["rounds-to-reference"] == pytest.approx(2.0)
     assert rows["fast"]["rounds-to-reference"] == pytest.approx(1.5)
     assert rows["fast"]["rounds-to-target"] == pytest.approx(1.0)
+    # the reference 0.6: seed 0 reaches it in round 1, seed 1 in round 2
+    assert rows["fast"]["cost-time-to-reference"] == pytest.approx(1.5 * 1.5)
+    assert rows["fast"]["cost-traffic-to-reference"] == pytest.approx(10.0 * 1.5)
+    assert rows["fast"]["train-bytes-to-target"] == pytest.approx(300)
     assert rows["fast"]["train-bytes-mean"] == 3 * 300
     assert rows["base"]["train-bytes-mean"] is None
     assert rows["fast"]["final-acc-mean"] == pytest.approx(0.85)
