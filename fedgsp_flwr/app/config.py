@@ -27,13 +27,15 @@ from ..core.multicenter import INITS
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..strategies.fesem import NEW_CLIENTS
+from ..strategies.ida import WEIGHTINGS as IDA_WEIGHTINGS
 from ..strategies.semifl import CLUSTER_SOURCES
 from ..strategies.sequential import relay_message_type_problem
 
 # The strategies the app builds by name (fedgsp_flwr.app.registry maps each to a
 # constructor); ``centralized`` is the experiment runner's baseline, not a strategy.
 STRATEGY_NAMES = ("fedavg", "fedprox", "fedgsp", "naivegsp", "naivegsp-icg", "hierfl",
-                  "stocfl", "fesem", "semifl", "ifca", "cfl", "ditto")
+                  "stocfl", "fesem", "semifl", "ifca", "cfl", "ditto", "fedadagrad",
+                  "fedadam", "fedyogi", "ida")
 
 class ConfigError(ValueError):
     """A run-config value is missing, of the wrong type, or out of range."""
@@ -147,6 +149,22 @@ class RunConfig:
     fedprox_mu: float = _setting(
         0.01, "FedProx proximal term weight", _non_negative, ">= 0"
     )
+    fedopt_eta: float = _setting(
+        0.0, "FedAdagrad/FedAdam/FedYogi server learning rate (0 = Flower's default: 0.1, "
+        "FedYogi 0.01)", _non_negative, ">= 0")
+    fedopt_tau: float = _setting(
+        1e-3, "FedAdagrad/FedAdam/FedYogi adaptivity tau (Flower's default)", _positive,
+        "> 0")
+    fedopt_beta_1: float = _setting(
+        0.9, "FedAdam/FedYogi first-moment decay (Flower's default)",
+        lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+    fedopt_beta_2: float = _setting(
+        0.99, "FedAdam/FedYogi second-moment decay (Flower's default)",
+        lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+    ida_weighting: str = _setting(
+        "inverse-distance", "IDA server weights: inverse-distance (the paper's IDA) | "
+        "inverse-distance-examples (combined with FedAvg's example counts)",
+        choices=IDA_WEIGHTINGS)
     fedgsp_growth: str = _setting("log", "FedGSP growth function of the number of groups",
                                   choices=GROWTH_FUNCTIONS)
     fedgsp_growth_alpha: float = _setting(2.0, "FedGSP growth rate alpha", _positive, "> 0")

@@ -14,7 +14,22 @@ from typing import Any
 from flwr.app import ArrayRecord
 
 from ..core.edge_assignment import load_topology
-from ..strategies import CFL, IFCA, Ditto, FedAvg, FedGSP, FedProx, FeSEM, HierFL, SemiFL, StoCFL
+from ..strategies import (
+    CFL,
+    IDA,
+    IFCA,
+    Ditto,
+    FedAdagrad,
+    FedAdam,
+    FedAvg,
+    FedGSP,
+    FedProx,
+    FedYogi,
+    FeSEM,
+    HierFL,
+    SemiFL,
+    StoCFL,
+)
 from ..strategies.semifl import CLUSTER_SOURCES, load_cluster_assignment
 from .config import RunConfig
 
@@ -48,6 +63,18 @@ def common_kwargs(cfg: RunConfig) -> dict[str, Any]:
         "min_train_nodes": 1,
         "min_evaluate_nodes": 1 if cfg.fraction_evaluate > 0 else 0,
     }
+
+
+def fedopt_kwargs(cfg: RunConfig, moments: bool = False) -> dict[str, Any]:
+    """The server optimizer's settings (FedAdagrad has no moments); ``fedopt-eta`` 0
+    keeps each strategy's own default.
+    """
+    out: dict[str, Any] = {"tau": cfg.fedopt_tau, "eta_l": cfg.lr}
+    if cfg.fedopt_eta:
+        out["eta"] = cfg.fedopt_eta
+    if moments:
+        out.update(beta_1=cfg.fedopt_beta_1, beta_2=cfg.fedopt_beta_2)
+    return out
 
 
 def timeout_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -202,6 +229,12 @@ STRATEGIES: dict[str, Callable[[RunConfig, RunContext], FedAvg]] = {
     "ifca": _ifca,
     "cfl": _cfl,
     "ditto": _ditto,
+    "fedadagrad": lambda cfg, run: FedAdagrad(**fedopt_kwargs(cfg), **common_kwargs(cfg)),
+    "fedadam": lambda cfg, run: FedAdam(**fedopt_kwargs(cfg, moments=True),
+                                        **common_kwargs(cfg)),
+    "fedyogi": lambda cfg, run: FedYogi(**fedopt_kwargs(cfg, moments=True),
+                                        **common_kwargs(cfg)),
+    "ida": lambda cfg, run: IDA(weighting=cfg.ida_weighting, **common_kwargs(cfg)),
 }
 
 

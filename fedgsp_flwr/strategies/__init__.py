@@ -17,12 +17,14 @@ builds them by name from its run config (:mod:`fedgsp_flwr.app.registry`).
 
 from __future__ import annotations
 
+from .adaptive import FedAdagrad, FedAdam, FedYogi
 from .cfl import CFL
 from .ditto import Ditto
 from .fedavg import FedAvg, FedProx, GroupModel, ServerSideRound
 from .fedgsp import FedGSP
 from .fesem import FeSEM
 from .hierfl import HierFL
+from .ida import IDA
 from .ifca import IFCA
 from .metrics import aggregate_metrics
 from .progress import TrainingStalled
@@ -35,11 +37,15 @@ __all__ = [
     "CFL",
     "Ditto",
     "FeSEM",
+    "FedAdagrad",
+    "FedAdam",
     "FedAvg",
     "FedGSP",
     "FedProx",
+    "FedYogi",
     "GroupModel",
     "HierFL",
+    "IDA",
     "IFCA",
     "RelayStrategy",
     "SemiFL",

@@ -18,7 +18,7 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
@@ -285,13 +285,19 @@ class FedAvg(FlowerFedAvg):
         arrays, metrics = None, None
         if sound:
             contents = [m.content for m in sound]
-            arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+            arrays = self.combine_models(server_round, contents)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         self._record(server_round, "train", metrics, len(sound), rejected)
         self.history[server_round]["bytes-received"] = array_bytes(replies)
         self.history[server_round]["uploads"] = sum(r.has_content() for r in replies)
         self.progress.record(server_round, arrays, len(sound), rejected, self._sent_count)
         return arrays, metrics
+
+    def combine_models(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
+        """The round's model from the sound replies' contents: the mean weighted by
+        ``weighted_by_key`` (Flower's ``aggregate_arrayrecords``). IDA overrides it.
+        """
+        return aggregate_arrayrecords(contents, self.weighted_by_key)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -29,6 +29,7 @@ STRATEGIES = {
     "stocfl": {"fraction-train": 0.75, "stocfl-tau": 0.3},
     "fesem": {"fesem-k": 2, "fraction-train": 0.75},
     "semifl": {"semifl-cluster-size": 2, "semifl-shuffle": True},
+    "fedadam": {"fraction-train": 0.75},  # the optimizer's moments in the checkpoint
 }
 
 

@@ -20,9 +20,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedgsp_flwr.strategies import (
+    CFL,
+    IDA,
+    IFCA,
+    Ditto,
+    FedAdagrad,
+    FedAdam,
     FedAvg,
     FedGSP,
     FedProx,
+    FedYogi,
     FeSEM,
     HierFL,
     SemiFL,
@@ -32,7 +39,9 @@ from fedgsp_flwr.strategies import (
 from quickstart_app.task import Net, load_centralized_dataset, test
 
 STRATEGIES = {"fedavg": FedAvg, "fedprox": FedProx, "fedgsp": FedGSP, "semifl": SemiFL,
-              "hierfl": HierFL, "stocfl": StoCFL, "fesem": FeSEM}
+              "hierfl": HierFL, "stocfl": StoCFL, "fesem": FeSEM, "ifca": IFCA, "cfl": CFL,
+              "ditto": Ditto, "fedadagrad": FedAdagrad, "fedadam": FedAdam,
+              "fedyogi": FedYogi, "ida": IDA}
 # Our summary of what a round did beside the client metrics, when the strategy has it.
 REPORTED = ("cpd-median", "num-groups", "num-clusters", "ari", "edge-class-coverage-mean",
             "label-coverage")
