@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +45,7 @@ def train(
     proximal_mu: float = 0.0,
     proximal_center: torch.nn.Module | None = None,
     steps: int = 0,
+    penalty: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with mini-batch SGD.
 
@@ -72,6 +73,9 @@ def train(
     steps : int
         If > 0, take exactly this many mini-batch steps instead of ``epochs`` passes
         (batches drawn from successive shuffled passes over the data; HierFL's tau1).
+    penalty : Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+        A term added to each mini-batch's loss, from the batch's inputs and the model's
+        outputs (FedMMD's MMD to the global model's outputs); not in the reported loss.
 
     Returns
     -------
@@ -108,9 +112,13 @@ def train(
                 break
             batch = order[start : start + batch_size]
             optimizer.zero_grad()
-            loss = criterion(model(x_t[batch]), y_t[batch])
+            inputs = x_t[batch]
+            outputs = model(inputs)
+            loss = criterion(outputs, y_t[batch])
             total += loss.item() * len(batch)
             seen += len(batch)
+            if penalty is not None:
+                loss = loss + penalty(inputs, outputs)
             if anchor:
                 loss = loss + proximal_mu / 2 * sum(
                     (p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor, strict=True)

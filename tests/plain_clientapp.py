@@ -82,3 +82,15 @@ def make_app(seen: list[tuple[str, dict[str, Any]]] | None = None,
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app
+
+
+def plain_grid(nodes: int) -> Any:
+    """A FakeGrid of ``nodes`` nodes running this app, node i holding partition i."""
+    from fakegrid import FakeGrid
+    from helpers import make_context
+
+    handlers = {}
+    for node in range(nodes):
+        app, context = make_app(), make_context(node, nodes)
+        handlers[node] = lambda message, a=app, c=context: a(message, c)
+    return FakeGrid(handlers)

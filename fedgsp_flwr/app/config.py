@@ -27,6 +27,7 @@ from ..core.multicenter import INITS
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..strategies.fesem import NEW_CLIENTS
+from ..core.fusion import OPERATORS as FUSION_OPERATORS
 from ..strategies.ida import WEIGHTINGS as IDA_WEIGHTINGS
 from ..strategies.semifl import CLUSTER_SOURCES
 from ..strategies.sequential import relay_message_type_problem
@@ -35,7 +36,7 @@ from ..strategies.sequential import relay_message_type_problem
 # constructor); ``centralized`` is the experiment runner's baseline, not a strategy.
 STRATEGY_NAMES = ("fedavg", "fedprox", "fedgsp", "naivegsp", "naivegsp-icg", "hierfl",
                   "stocfl", "fesem", "semifl", "ifca", "cfl", "ditto", "fedadagrad",
-                  "fedadam", "fedyogi", "ida")
+                  "fedadam", "fedyogi", "ida", "fedmmd", "fedfusion")
 
 class ConfigError(ValueError):
     """A run-config value is missing, of the wrong type, or out of range."""
@@ -165,6 +166,12 @@ class RunConfig:
         "inverse-distance", "IDA server weights: inverse-distance (the paper's IDA) | "
         "inverse-distance-examples (combined with FedAvg's example counts)",
         choices=IDA_WEIGHTINGS)
+    fedmmd_weight: float = _setting(
+        0.1, "FedMMD: weight of the MMD between the trained and the global model's outputs "
+        "(the authors' code: 0.1)", _non_negative, ">= 0")
+    fedfusion_operator: str = _setting(
+        "conv", "FedFusion fusion operator: conv (1x1 convolution of both feature maps) | "
+        "multi (a weight per channel) | single (one weight)", choices=FUSION_OPERATORS)
     fedgsp_growth: str = _setting("log", "FedGSP growth function of the number of groups",
                                   choices=GROWTH_FUNCTIONS)
     fedgsp_growth_alpha: float = _setting(2.0, "FedGSP growth rate alpha", _positive, "> 0")

@@ -17,6 +17,8 @@ from ..core.edge_assignment import load_topology
 from ..strategies import (
     CFL,
     IDA,
+    FedFusion,
+    FedMMD,
     IFCA,
     Ditto,
     FedAdagrad,
@@ -235,6 +237,11 @@ STRATEGIES: dict[str, Callable[[RunConfig, RunContext], FedAvg]] = {
     "fedyogi": lambda cfg, run: FedYogi(**fedopt_kwargs(cfg, moments=True),
                                         **common_kwargs(cfg)),
     "ida": lambda cfg, run: IDA(weighting=cfg.ida_weighting, **common_kwargs(cfg)),
+    "fedmmd": lambda cfg, run: FedMMD(mmd_weight=cfg.fedmmd_weight,
+                                      train_timeout=cfg.train_timeout, **common_kwargs(cfg)),
+    "fedfusion": lambda cfg, run: FedFusion(operator=cfg.fedfusion_operator, seed=cfg.seed,
+                                            train_timeout=cfg.train_timeout,
+                                            **common_kwargs(cfg)),
 }
 
 

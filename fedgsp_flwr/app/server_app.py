@@ -173,6 +173,7 @@ class CentralEvaluator:
         In a resumed run, Flower's round ``r`` is round ``offset + r``; its round 0 (the
         model of the checkpoint) was recorded by the interrupted run.
         """
+        from ..clients.fusion import load_model
         from ..training import evaluate
 
         if self.offset and server_round == 0:
@@ -180,8 +181,8 @@ class CentralEvaluator:
         server_round += self.offset
         now = time.perf_counter()
         round_time, self.last = now - self.last, now
-        self.model.load_state_dict(arrays.to_torch_state_dict())
-        loss, accuracy = evaluate(self.model, self.x_test, self.y_test)
+        model = load_model(self.model, arrays)  # FedFusion's: the fused model
+        loss, accuracy = evaluate(model, self.x_test, self.y_test)
         row: dict[str, Any] = {
             "round": server_round,
             "central-acc": accuracy,

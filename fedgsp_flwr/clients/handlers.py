@@ -281,7 +281,8 @@ def model_from_message(
     Returns
     -------
     torch.nn.Module
-        The model with the message's weights.
+        The model with the message's weights (with FedFusion's ``fusion.*`` arrays, the
+        fused model: :func:`fedgsp_flwr.clients.fusion.load_model`).
 
     Raises
     ------
@@ -293,9 +294,9 @@ def model_from_message(
             f"message of type '{message.metadata.message_type}' carries no ArrayRecord "
             f"'{key}'"
         )
-    model = hooks.build_model(context, data)
-    model.load_state_dict(message.content.array_records[key].to_torch_state_dict())
-    return model
+    from .fusion import load_model  # FedFusion's arrays load as a fused model
+
+    return load_model(hooks.build_model(context, data), message.content.array_records[key])
 
 
 def message_config(message: Message) -> ConfigRecord:
@@ -356,7 +357,9 @@ def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messa
 
 def train_with_settings(model: torch.nn.Module, data: ClientData, settings: TrainSettings,
                         seed: int, proximal_mu: float | None = None,
-                        proximal_center: torch.nn.Module | None = None) -> TrainResult:
+                        proximal_center: torch.nn.Module | None = None,
+                        penalty: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+                        = None) -> TrainResult:
     """Train ``model`` in place on the node's data with the message's settings.
 
     Parameters
@@ -373,6 +376,8 @@ def train_with_settings(model: torch.nn.Module, data: ClientData, settings: Trai
         Overrides ``settings.proximal_mu`` (``None``: keep it).
     proximal_center : torch.nn.Module | None
         Centre of the proximal term (``None``: the model's starting weights).
+    penalty : Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+        Added to each mini-batch's loss (see :func:`fedgsp_flwr.training.train`).
 
     Returns
     -------
@@ -391,6 +396,7 @@ def train_with_settings(model: torch.nn.Module, data: ClientData, settings: Trai
         proximal_center=proximal_center,
         seed=seed,
         steps=settings.local_steps,
+        penalty=penalty,
     )
 
 

@@ -22,6 +22,8 @@ from .handlers import (
     make_train_handler,
 )
 from .ditto import make_ditto_evaluate_handler, make_ditto_train_handler
+from .fedmmd import make_fedmmd_handler
+from .fedfusion import make_fedfusion_handler
 from .ifca import make_ifca_handler
 
 Handler = Callable[[Message, Context], Message]
@@ -36,10 +38,12 @@ _HANDLERS: dict[str, tuple[str, str, Callable[[ClientHooks], Handler]]] = {
     "ifca": ("train", "ifca", make_ifca_handler),
     "ditto": ("train", "ditto", make_ditto_train_handler),
     "ditto-evaluate": ("evaluate", "ditto", make_ditto_evaluate_handler),
+    "fedmmd": ("train", "fedmmd", make_fedmmd_handler),
+    "fedfusion": ("train", "fedfusion", make_fedfusion_handler),
 }
 HANDLERS = tuple(_HANDLERS)
 HOOK_HANDLERS = ("histogram", "partition", "sketch", "bilevel", "ifca", "ditto",
-                 "ditto-evaluate")
+                 "ditto-evaluate", "fedmmd", "fedfusion")
 
 
 def register_hooks(
@@ -57,7 +61,8 @@ def register_hooks(
         Which handlers to add, among :data:`HANDLERS`. The default adds the hooks our
         strategies use beside an app's own ``train`` and ``evaluate``:
         ``query.histogram``, ``query.partition``, ``query.sketch``, ``train.bilevel``,
-        ``train.ifca``, ``train.ditto`` and ``evaluate.ditto``.
+        ``train.ifca``, ``train.ditto``, ``evaluate.ditto``, ``train.fedmmd`` and
+        ``train.fedfusion``.
 
     Returns
     -------

@@ -25,6 +25,7 @@ from .fedgsp import FedGSP
 from .fesem import FeSEM
 from .hierfl import HierFL
 from .ida import IDA
+from .twostream import FedFusion, FedMMD
 from .ifca import IFCA
 from .metrics import aggregate_metrics
 from .progress import TrainingStalled
@@ -46,6 +47,8 @@ __all__ = [
     "GroupModel",
     "HierFL",
     "IDA",
+    "FedFusion",
+    "FedMMD",
     "IFCA",
     "RelayStrategy",
     "SemiFL",

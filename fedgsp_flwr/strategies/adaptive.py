@@ -35,7 +35,7 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
-from .fedavg import FedAvg, check_parameters
+from .fedavg import FedAvg, check_parameters, run_checks
 from .progress import TrainingProgress
 from .state import NodeMap, StrategyState
 
@@ -60,10 +60,7 @@ class _Validated:
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_parameters(type(self).__name__, [
-            (type(max_untrained_rounds) is int and max_untrained_rounds >= 1,
-             f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
-            (server_threads is None or (type(server_threads) is int and server_threads >= 1),
-             f"server_threads must be None or an integer >= 1, got {server_threads!r}"),
+            *run_checks(max_untrained_rounds, server_threads),
             (self.eta > 0, f"eta must be > 0, got {self.eta!r}"),
             (self.tau > 0, f"tau must be > 0, got {self.tau!r}"),
             (0 <= self.beta_1 < 1 and 0 <= self.beta_2 < 1,

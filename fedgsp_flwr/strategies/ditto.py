@@ -6,17 +6,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
-from typing import Any, cast
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.ditto import EVALUATE_TYPE, PERSONAL_FLAG, TRAIN_TYPE
-from .fedavg import FedAvg, ServerSideRound, array_bytes, check_parameters
+from .fedavg import FedAvg, check_parameters
+from .hooked import HookedTrain
 from .metrics import reply_metrics
-from .nodes import HookSupport, collect_reply_list, missing_handler
-from .replies import error_text
 
 FALLBACKS = {
     TRAIN_TYPE: "plain 'train' and 'evaluate' messages: Ditto reduces to FedAvg (no "
@@ -27,7 +26,7 @@ FALLBACKS = {
 }
 
 
-class Ditto(ServerSideRound):
+class Ditto(HookedTrain):
     """Ditto (Li et al., 2021): FedAvg's global model w, and on every client a personal
     model v_k trained on its loss + lambda/2 ||v_k - w||^2 that never leaves it.
 
@@ -86,7 +85,8 @@ class Ditto(ServerSideRound):
 
     def __init__(self, *, lambda_: float = 1.0, personal_epochs: int = 0,
                  personal_steps: int = 0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(owner="Ditto", train_type=TRAIN_TYPE, fallbacks=FALLBACKS,
+                         hooked_metric="personal-clients", **kwargs)
         check_parameters("Ditto", [
             (not isinstance(lambda_, bool) and isinstance(lambda_, (int, float))
              and math.isfinite(lambda_) and lambda_ >= 0,
@@ -100,8 +100,6 @@ class Ditto(ServerSideRound):
         ])
         self.lambda_ = float(lambda_)
         self.personal_epochs, self.personal_steps = personal_epochs, personal_steps
-        self.hooks = HookSupport("Ditto", FALLBACKS)
-        self.plain: dict[int, str] = {}
         self._plain_eval: set[int] = set()  # nodes without evaluate.ditto alone
         self._personal_scored = 0
         self._step_checked = False
@@ -116,100 +114,27 @@ class Ditto(ServerSideRound):
 
     # --- messages ---------------------------------------------------------------------
 
-    def message_type(self, node: int, ditto_type: str, plain_type: str) -> str:
-        """``ditto_type`` unless the node or the federation is known to lack it (a
-        node without ``train.ditto`` gets plain evaluations too: it has no personal
-        model).
+    def message_type(self, node: int, hook_type: str, plain_type: str) -> str:
+        """As :class:`HookedTrain`'s, and plain evaluations for a node without
+        ``evaluate.ditto``.
         """
-        if node in self.plain or not self.hooks.has(TRAIN_TYPE) or not self.hooks.has(
-                ditto_type) or (ditto_type == EVALUATE_TYPE and node in self._plain_eval):
+        if hook_type == EVALUATE_TYPE and node in self._plain_eval:
             return plain_type
-        return ditto_type
+        return super().message_type(node, hook_type, plain_type)
 
-    @staticmethod
-    def retyped(message: Message, message_type: str) -> Message:
-        """A new message with the content and destination of ``message``."""
-        return Message(message.content, dst_node_id=message.metadata.dst_node_id,
-                       message_type=message_type)
-
-    def exchange(self, grid: Grid, messages: Sequence[Message], plain_type: str
-                 ) -> tuple[list[Message], list[Message | None], list[Message]]:
-        """Send the messages (a Ditto type probed with one message first, see
-        :class:`~fedgsp_flwr.strategies.nodes.HookSupport`), then send again, as
-        ``plain_type``, those a node answered without a handler for.
-
-        Returns
-        -------
-        tuple[list[Message], list[Message | None], list[Message]]
-            The message each reply answers (the plain one where sent again), the
-            replies (``None``: none in time), and every message pushed.
-        """
-        if not messages:
-            return [], [], []
-        known_missing = set(self.hooks.missing)
-        replies = self.hooks.collect(grid, messages, self.reply_timeout)
-        pushed, probed = [], set()
-        for message in messages:  # of a type found missing now, only the probe left
-            kind = message.metadata.message_type
-            if kind in self.hooks.missing and kind not in known_missing:
-                if kind in probed:
-                    continue
-                probed.add(kind)
-            pushed.append(message)
-        final = list(messages)
-        redo = [i for i, reply in enumerate(replies) if missing_handler(reply)]
-        for i in redo:
-            self.note_plain(messages[i], cast(Message, replies[i]))
-            final[i] = self.retyped(messages[i], plain_type)
-        again = [final[i] for i in redo]
-        for i, reply in zip(redo, collect_reply_list(grid, again, self.reply_timeout),
-                            strict=True):
-            replies[i] = reply
-        return final, replies, pushed + again
-
-    def note_plain(self, message: Message, reply: Message) -> None:
-        """Remember a node whose ClientApp has no handler for ``message``'s type (logged
-        here where :class:`HookSupport` did not warn for all nodes at once).
-        """
-        node, kind = message.metadata.dst_node_id, message.metadata.message_type
-        if kind == TRAIN_TYPE:
-            self.plain[node] = f"no '{TRAIN_TYPE}' handler"
-        else:
+    def plain_for(self, node: int, kind: str) -> None:
+        """Remember a node whose app has ``train.ditto`` but not ``evaluate.ditto``."""
+        if kind == EVALUATE_TYPE:
             self._plain_eval.add(node)
-        if self.hooks.has(kind):
-            log(WARNING, "Ditto: node %d has no '%s' handler (%s); it takes the fallback: "
-                "%s", node, kind, error_text(reply.error.reason), FALLBACKS[kind])
 
     # --- training ---------------------------------------------------------------------
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Run FedAvg's round with ``train.ditto`` messages and keep its result (a round
-        that sends nothing is recorded as FedAvg records it).
-        """
+    def hook_config(self, config: ConfigRecord) -> None:
+        """``lambda`` and the personal training settings (and the lr check)."""
         config["lambda"] = self.lambda_
         self.check_step(config)
         config["personal-epochs"] = self.personal_epochs
         config["personal-steps"] = self.personal_steps
-        messages = [self.retyped(m, self.message_type(m.metadata.dst_node_id, TRAIN_TYPE,
-                                                      "train"))
-                    for m in super().configure_train(server_round, arrays, config, grid)]
-        sent, replies, pushed = self.exchange(grid, messages, "train")
-        arrays_out, metrics = FedAvg.aggregate_train(
-            self, server_round, [r for r in replies if r is not None])
-        counts = {
-            "personal-clients": sum(
-                m.metadata.message_type == TRAIN_TYPE and r is not None and r.has_content()
-                for m, r in zip(sent, replies, strict=True)),
-            "plain-clients": sum(m.metadata.message_type == "train" for m in sent),
-        }
-        self.history[server_round].update(counts)
-        self.history[server_round]["bytes-sent"] = array_bytes(pushed)
-        if metrics is not None:
-            metrics = MetricRecord({**dict(metrics), **counts})
-        self._round_result = (arrays_out, metrics)
-        return []
 
     def check_step(self, config: ConfigRecord) -> None:
         """Warn once if the train config's ``lr`` times lambda exceeds 1."""
@@ -230,8 +155,7 @@ class Ditto(ServerSideRound):
         metrics (see the class docstring). Nothing the training uses changes here.
         """
         self._eval_result = None
-        messages = [self.retyped(m, self.message_type(m.metadata.dst_node_id,
-                                                      EVALUATE_TYPE, "evaluate"))
+        messages = [self.route(m, EVALUATE_TYPE, "evaluate")
                     for m in super().configure_evaluate(server_round, arrays, config, grid)]
         if not messages:
             return []

@@ -46,6 +46,17 @@ def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:
             raise ValueError(f"{owner}: {message}")
 
 
+def run_checks(max_untrained_rounds: int, server_threads: int | None
+               ) -> list[tuple[bool, str]]:
+    """The checks of FedAvg's own parameters, for :func:`check_parameters`."""
+    return [
+        (type(max_untrained_rounds) is int and max_untrained_rounds >= 1,
+         f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
+        (server_threads is None or (type(server_threads) is int and server_threads >= 1),
+         f"server_threads must be None or an integer >= 1, got {server_threads!r}"),
+    ]
+
+
 def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
     """The weighted mean of models with the same keys, shapes and dtypes.
 
@@ -142,12 +153,8 @@ class FedAvg(FlowerFedAvg):
         for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
             kwargs[key] = kwargs.get(key) or aggregate_metrics
         super().__init__(**kwargs)
-        check_parameters(type(self).__name__, [
-            (type(max_untrained_rounds) is int and max_untrained_rounds >= 1,
-             f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
-            (server_threads is None or (type(server_threads) is int and server_threads >= 1),
-             f"server_threads must be None or an integer >= 1, got {server_threads!r}"),
-        ])
+        check_parameters(type(self).__name__,
+                         run_checks(max_untrained_rounds, server_threads))
         self.server_threads = server_threads
         self.history: dict[int, dict[str, Any]] = {}
         self.known: NodeHistograms | None = None

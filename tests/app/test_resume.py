@@ -30,6 +30,7 @@ STRATEGIES = {
     "fesem": {"fesem-k": 2, "fraction-train": 0.75},
     "semifl": {"semifl-cluster-size": 2, "semifl-shuffle": True},
     "fedadam": {"fraction-train": 0.75},  # the optimizer's moments in the checkpoint
+    "fedfusion": {},  # the fusion module travels in the model's arrays
 }
 
 

@@ -470,13 +470,8 @@ def test_defaults_are_the_authors_code() -> None:
 
 def test_defaults_train_a_plain_quickstart_app(caplog: pytest.LogCaptureFixture) -> None:
     import plain_clientapp
-    from helpers import make_context
 
-    handlers = {}
-    for node in range(6):
-        app, context = plain_clientapp.make_app(), make_context(node, 6)
-        handlers[node] = lambda message, a=app, c=context: a(message, c)
-    grid = FakeGrid(handlers)
+    grid = plain_clientapp.plain_grid(6)
     first = ArrayRecord(plain_clientapp.Net().state_dict())
     strategy = CFL()
     with caplog.at_level(logging.WARNING, logger="flwr"):

@@ -167,11 +167,7 @@ def test_evaluation_scores_the_personal_models_of_the_nodes_that_trained() -> No
 def test_a_plain_app_runs_fedavg_with_one_probe_and_one_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     def grid() -> FakeGrid:
-        apps = {}
-        for node in range(NODES):
-            app, context = plain_clientapp.make_app(), make_context(node, NODES)
-            apps[node] = lambda message, a=app, c=context: a(message, c)
-        return FakeGrid(apps)
+        return plain_clientapp.plain_grid(NODES)
 
     plain, first = grid(), ArrayRecord(plain_clientapp.Net().state_dict())
     strategy = Ditto()

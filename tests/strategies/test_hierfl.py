@@ -128,7 +128,7 @@ def test_a_silent_user_is_left_out_and_reassigned_when_it_answers_again() -> Non
     answer = grid.handlers[5]
     grid.handlers[5] = lambda message: answer(message) if alive["yes"] else None
     strategy = HierFL(policy="greedy", num_edges=2, reach_per_user=2, tau2=1, seed=0,
-                      fraction_evaluate=0.0, train_timeout=0.5, query_timeout=0.3)
+                      fraction_evaluate=0.0, train_timeout=2.0, query_timeout=0.5)
     start(strategy, grid, 1)
     alive["yes"] = False
     start(strategy, grid, 2)

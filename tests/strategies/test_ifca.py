@@ -464,11 +464,7 @@ def test_our_handler_separates_two_concept_shifted_groups() -> None:
 
 
 def test_defaults_train_a_plain_quickstart_shaped_app() -> None:
-    apps = {}
-    for node in range(6):
-        app, context = plain_clientapp.make_app(), make_context(node, 6)
-        apps[node] = lambda message, a=app, c=context: a(message, c)
-    grid = FakeGrid(apps)
+    grid = plain_clientapp.plain_grid(6)
     strategy = IFCA()
     start_model = ArrayRecord(plain_clientapp.Net().state_dict())
     result = run_rounds(strategy, grid, start_model, 2, lr=0.5)

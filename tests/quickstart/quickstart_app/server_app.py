@@ -28,6 +28,8 @@ from fedgsp_flwr.strategies import (
     FedAdam,
     FedAvg,
     FedGSP,
+    FedFusion,
+    FedMMD,
     FedProx,
     FedYogi,
     FeSEM,
@@ -41,7 +43,7 @@ from quickstart_app.task import Net, load_centralized_dataset, test
 STRATEGIES = {"fedavg": FedAvg, "fedprox": FedProx, "fedgsp": FedGSP, "semifl": SemiFL,
               "hierfl": HierFL, "stocfl": StoCFL, "fesem": FeSEM, "ifca": IFCA, "cfl": CFL,
               "ditto": Ditto, "fedadagrad": FedAdagrad, "fedadam": FedAdam,
-              "fedyogi": FedYogi, "ida": IDA}
+              "fedyogi": FedYogi, "ida": IDA, "fedmmd": FedMMD, "fedfusion": FedFusion}
 # Our summary of what a round did beside the client metrics, when the strategy has it.
 REPORTED = ("cpd-median", "num-groups", "num-clusters", "ari", "edge-class-coverage-mean",
             "label-coverage")

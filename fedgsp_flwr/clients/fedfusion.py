@@ -1,0 +1,43 @@
+"""The ``train.fedfusion`` handler: FedFusion's client step (Yao, Huang, Wu, Zhang, Sun,
+ICIP 2019).
+
+``train.fedfusion``
+    in: ``arrays`` (the global model with its fusion module, keys ``fusion.*``) and
+    ``config`` (the training settings of ``train``). The node builds the fused model
+    (:mod:`fedgsp_flwr.clients.fusion`): its own copy of the model (trained), the
+    received model's feature layers (frozen, the reference) and the fusion module
+    (trained); trains it as ``train`` does. out: ``arrays`` (the trained model and
+    module, the keys received), ``metrics`` (``train-loss``, ``num-examples``).
+
+Any ClientApp whose model is a ``torch.nn.Sequential`` can register it::
+
+    app.train("fedfusion")(make_fedfusion_handler(ClientHooks(load_data=...,
+                                                              build_model=...)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flwr.app import Context, Message
+
+from ..core.fusion import PREFIX, split_fusion
+from .handlers import ARRAYS_KEY, ClientHooks, make_train_handler
+
+
+def make_fedfusion_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
+    """Return a handler for ``train.fedfusion`` (see the module docstring).
+
+    The handler raises ``ValueError`` (the node's error reply) if the message's
+    arrays have no fusion module.
+    """
+    train = make_train_handler(hooks)
+
+    def handle(message: Message, context: Context) -> Message:
+        record = message.content.array_records.get(ARRAYS_KEY)
+        if record is None or not split_fusion(list(record.keys()))[1]:
+            raise ValueError(f"a '{message.metadata.message_type}' message needs the model "
+                             f"with its fusion module (arrays '{PREFIX}*') in '{ARRAYS_KEY}'")
+        return train(message, context)
+
+    return handle

@@ -1,0 +1,145 @@
+"""FedFusion's fused model (Yao, Huang, Wu, Zhang, Sun, ICIP 2019): the model, a frozen
+copy of its feature layers (the reference: the global model received) and the fusion
+module. Where the model is cut and the operators: :mod:`fedgsp_flwr.core.fusion`; the
+``train.fedfusion`` handler: :mod:`fedgsp_flwr.clients.fedfusion`.
+
+Our ``train`` and ``evaluate`` handlers, and the app's central evaluation, load a model
+with ``fusion.*`` arrays as a fused model whose reference is the model itself (what a
+client holds before it trains): :func:`load_model`. An app's own ``evaluate_fn`` can do
+the same: ``load_model(Net(), arrays)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+from flwr.app import ArrayRecord
+
+from ..core.fusion import PREFIX, operator_of, split_fusion
+
+if TYPE_CHECKING:
+    import torch
+
+
+def cut_index(model: torch.nn.Module) -> int:
+    """Where FedFusion cuts a ``torch.nn.Sequential``: at the ``Flatten`` after its last
+    convolution, else at its last linear layer.
+
+    Raises
+    ------
+    ValueError
+        If the model is not a ``Sequential`` or has no such layer.
+    """
+    from torch import nn
+
+    if not isinstance(model, nn.Sequential):
+        raise ValueError("FedFusion fuses the features of a torch.nn.Sequential model; got "
+                         f"{type(model).__name__}")
+    layers = list(model)
+    convs = [i for i, m in enumerate(layers) if isinstance(m, nn.Conv2d)]
+    if convs:
+        cut = next((i for i in range(convs[-1] + 1, len(layers))
+                    if isinstance(layers[i], nn.Flatten)), None)
+    else:
+        cut = max((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), default=None)
+    if not cut:
+        raise ValueError("FedFusion needs a Sequential with a Flatten after its last "
+                         "convolution, or with a linear layer after others")
+    return cut
+
+
+def _fusion_module(operator: str, channels: int) -> torch.nn.Module:
+    """The fusion operator on (local, global) features of ``channels`` channels."""
+    import torch
+    from torch import nn
+
+    class Fusion(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            if operator == "conv":
+                self.weight = nn.Parameter(torch.zeros(channels, 2 * channels, 1, 1))
+                self.bias = nn.Parameter(torch.zeros(channels))
+            else:
+                shape = (1,) if operator == "single" else (1, channels, 1, 1)
+                self.gamma = nn.Parameter(torch.zeros(shape))
+
+        def forward(self, local: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+            shape = local.shape
+            if local.dim() == 2:  # feature vectors: C channels of 1 x 1
+                local, reference = local[:, :, None, None], reference[:, :, None, None]
+            if operator == "conv":
+                out = nn.functional.conv2d(torch.cat((local, reference), 1), self.weight,
+                                           self.bias)
+            else:
+                out = self.gamma * reference + (1 - self.gamma) * local
+            return out.reshape(shape)
+
+    return Fusion()
+
+
+def fused_model(base: torch.nn.Module, operator: str) -> torch.nn.Module:
+    """A fused model around ``base`` (its layers shared, not copied): its state-dict
+    keys are ``base``'s and ``fusion.*``. Call ``set_reference()`` after loading weights.
+
+    Raises
+    ------
+    ValueError
+        See :func:`cut_index`.
+    """
+    import torch
+    from torch import nn
+
+    cut = cut_index(base)
+    layers = list(base)
+    convs = [m for m in layers[:cut] if isinstance(m, nn.Conv2d)]
+    channels = convs[-1].out_channels if convs else layers[cut].in_features
+
+    class Fused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for i, layer in enumerate(layers):
+                self.add_module(str(i), layer)
+            self.fusion = _fusion_module(operator, channels)
+            self.set_reference()
+
+        def set_reference(self) -> None:
+            """Freeze a copy of the current feature layers as the reference."""
+            reference = copy.deepcopy(nn.Sequential(*layers[:cut])).eval()
+            for parameter in reference.parameters():
+                parameter.requires_grad_(False)
+            object.__setattr__(self, "reference", reference)  # not a submodule
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                reference = self.reference(x)
+            local = x
+            for layer in layers[:cut]:
+                local = layer(local)
+            out = self.fusion(local, reference)
+            for layer in layers[cut:]:
+                out = layer(out)
+            return out
+
+    return Fused()
+
+
+def load_model(base: torch.nn.Module, record: ArrayRecord) -> torch.nn.Module:
+    """``base`` loaded with ``record``; with ``fusion.*`` arrays, the fused model around
+    it, its reference the loaded feature layers.
+
+    Raises
+    ------
+    ValueError
+        If the fusion arrays are no operator's, or the model cannot be fused.
+    """
+    names = list(record.keys())
+    fusion = split_fusion(names)[1]
+    if not fusion:
+        base.load_state_dict(record.to_torch_state_dict())
+        return base
+    model = fused_model(base, operator_of({k[len(PREFIX):]: tuple(record[k].shape)
+                                           for k in fusion}))
+    model.load_state_dict(record.to_torch_state_dict())
+    model.set_reference()
+    return model

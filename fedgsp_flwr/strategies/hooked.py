@@ -1,0 +1,177 @@
+"""FedAvg rounds whose training messages go as one of our hook types (``train.<x>``),
+with plain ``train`` for every node whose ClientApp lacks the handler.
+
+Ditto, FedMMD and FedFusion build on it: their global model is FedAvg's, only the
+clients' step differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from logging import WARNING
+from typing import Any, cast
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from .fedavg import FedAvg, ServerSideRound, array_bytes
+from .nodes import HookSupport, collect_reply_list, missing_handler
+from .replies import error_text
+
+
+def retyped(message: Message, message_type: str) -> Message:
+    """A new message with the content and destination of ``message``."""
+    return Message(message.content, dst_node_id=message.metadata.dst_node_id,
+                   message_type=message_type)
+
+
+class HookedTrain(ServerSideRound):
+    """FedAvg whose training messages are ``train_type`` (see the module docstring).
+
+    The first ``train_type`` message goes to one node; if its ClientApp has no handler,
+    one WARNING names the fallback and every node gets plain ``train`` messages (see
+    :class:`~fedgsp_flwr.strategies.nodes.HookSupport`). In a mixed federation, each
+    node without the handler (after a successful probe) is logged once and takes the
+    fallback alone.
+
+    Subclasses set the message config (:meth:`hook_config`), may change what a plain
+    node is sent (:meth:`as_plain`) and name the count of nodes that ran the hook
+    (``hooked_metric``).
+
+    Parameters
+    ----------
+    owner : str
+        The strategy's name, for the log.
+    train_type : str
+        The hook's message type.
+    fallbacks : Mapping[str, str]
+        What happens instead, by message type.
+    hooked_metric : str
+        Per-round metric: the nodes that trained with the hook.
+    **kwargs : Any
+        ``train_timeout`` and FedAvg's parameters.
+
+    Attributes
+    ----------
+    plain : dict[int, str]
+        Nodes whose ClientApp has no ``train_type`` handler, with why.
+    """
+
+    def __init__(self, *, owner: str, train_type: str, fallbacks: Mapping[str, str],
+                 hooked_metric: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.owner, self.train_type, self.hooked_metric = owner, train_type, hooked_metric
+        self.hooks = HookSupport(owner, fallbacks)
+        self.plain: dict[int, str] = {}
+
+    # --- messages ---------------------------------------------------------------------
+
+    def message_type(self, node: int, hook_type: str, plain_type: str) -> str:
+        """``hook_type`` unless the node or the federation is known to lack it or the
+        training hook.
+        """
+        if node in self.plain or not self.hooks.has(self.train_type) or not self.hooks.has(
+                hook_type):
+            return plain_type
+        return hook_type
+
+    def as_plain(self, message: Message, plain_type: str) -> Message:
+        """The message a node without the hook gets instead (the same content)."""
+        return retyped(message, plain_type)
+
+    def route(self, message: Message, hook_type: str, plain_type: str) -> Message:
+        """``message`` as ``hook_type``, or as the plain message where the hook lacks."""
+        kind = self.message_type(message.metadata.dst_node_id, hook_type, plain_type)
+        return retyped(message, kind) if kind == hook_type else self.as_plain(message, kind)
+
+    def exchange(self, grid: Grid, messages: Sequence[Message], plain_type: str
+                 ) -> tuple[list[Message], list[Message | None], list[Message]]:
+        """Send the messages (a hook type probed with one message first), then send
+        again, as ``plain_type``, those a node answered without a handler for.
+
+        Returns
+        -------
+        tuple[list[Message], list[Message | None], list[Message]]
+            The message each reply answers (the plain one where sent again), the
+            replies (``None``: none in time), and every message pushed.
+        """
+        if not messages:
+            return [], [], []
+        known_missing = set(self.hooks.missing)
+        replies = self.hooks.collect(grid, messages, self.reply_timeout)
+        pushed, probed = [], set()
+        for message in messages:  # of a type found missing now, only the probe left
+            kind = message.metadata.message_type
+            if kind in self.hooks.missing and kind not in known_missing:
+                if kind in probed:
+                    continue
+                probed.add(kind)
+            pushed.append(message)
+        final = list(messages)
+        redo = [i for i, reply in enumerate(replies) if missing_handler(reply)]
+        for i in redo:
+            self.note_plain(messages[i], cast(Message, replies[i]))
+            final[i] = self.as_plain(messages[i], plain_type)
+        again = [final[i] for i in redo]
+        for i, reply in zip(redo, collect_reply_list(grid, again, self.reply_timeout),
+                            strict=True):
+            replies[i] = reply
+        return final, replies, pushed + again
+
+    def note_plain(self, message: Message, reply: Message) -> None:
+        """Remember a node whose ClientApp has no handler for ``message``'s type (logged
+        here where :class:`HookSupport` did not warn for all nodes at once).
+        """
+        node, kind = message.metadata.dst_node_id, message.metadata.message_type
+        if kind == self.train_type:
+            self.plain[node] = f"no '{kind}' handler"
+        self.plain_for(node, kind)
+        if self.hooks.has(kind):
+            log(WARNING, "%s: node %d has no '%s' handler (%s); it takes the fallback: "
+                "%s", self.owner, node, kind, error_text(reply.error.reason),
+                self.hooks.fallbacks[kind])
+
+    def plain_for(self, node: int, kind: str) -> None:
+        """Called when ``node`` turns out to lack the handler of ``kind``."""
+
+    # --- training ---------------------------------------------------------------------
+
+    def hook_config(self, config: ConfigRecord) -> None:
+        """Add the hook's settings to the round's train config."""
+
+    def train_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model the round sends (FedFusion adds its fusion module)."""
+        return arrays
+
+    def complete_reply(self, message: Message, reply: Message) -> None:
+        """Make a plain node's reply comparable with the hooked ones (in place)."""
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Run FedAvg's round with ``train_type`` messages and keep its result (a round
+        that sends nothing is recorded as FedAvg records it).
+        """
+        self.hook_config(config)
+        arrays = self.train_arrays(arrays)
+        messages = [self.route(m, self.train_type, "train")
+                    for m in super().configure_train(server_round, arrays, config, grid)]
+        sent, replies, pushed = self.exchange(grid, messages, "train")
+        for message, reply in zip(sent, replies, strict=True):
+            if reply is not None and message.metadata.message_type == "train":
+                self.complete_reply(message, reply)
+        arrays_out, metrics = FedAvg.aggregate_train(
+            self, server_round, [r for r in replies if r is not None])
+        counts = {
+            self.hooked_metric: sum(
+                m.metadata.message_type == self.train_type and r is not None
+                and r.has_content() for m, r in zip(sent, replies, strict=True)),
+            "plain-clients": sum(m.metadata.message_type == "train" for m in sent),
+        }
+        self.history[server_round].update(counts)
+        self.history[server_round]["bytes-sent"] = array_bytes(pushed)
+        if metrics is not None:
+            metrics = MetricRecord({**dict(metrics), **counts})
+        self._round_result = (arrays_out, metrics)
+        return []

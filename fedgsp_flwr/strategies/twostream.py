@@ -1,0 +1,160 @@
+"""FedGSP's client-side baselines: FedMMD (Yao, Huang, Sun, VCIP 2018) and FedFusion
+(Yao, Huang, Wu, Zhang, Sun, ICIP 2019). Both keep FedAvg's server and change the
+clients' step; both need our client handler and fall back to FedAvg without it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from logging import INFO
+from typing import Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from ..core import fedmmd, fusion
+from ..core.fusion import init_fusion, split_fusion
+from .fedavg import check_parameters
+from .hooked import HookedTrain, retyped
+
+
+class FedMMD(HookedTrain):
+    """FedMMD, "two-stream" FL (Yao et al., 2018): FedAvg whose clients train on their
+    loss plus ``mmd_weight`` x MMD^2 between the outputs of the model they train and of
+    the (frozen) global model they received, on the same mini-batches.
+
+    The messages are ``train.fedmmd`` (handler:
+    :func:`fedgsp_flwr.clients.fedmmd.make_fedmmd_handler`) with ``mmd-weight`` in the
+    config. A ClientApp without the handler trains with plain ``train`` messages: FedMMD
+    is then FedAvg (one WARNING; ``mmd-clients`` counts the nodes that ran the hook).
+    The method and our choices: docs/algorithms.md#fedmmd-and-fedfusion.
+
+    Parameters
+    ----------
+    mmd_weight : float (default: 0.1, the authors' code)
+        Weight of the MMD term (>= 0; 0 is FedAvg's local step).
+    **kwargs : Any
+        ``train_timeout`` and FedAvg's parameters.
+    """
+
+    def __init__(self, *, mmd_weight: float = fedmmd.DEFAULT_WEIGHT, **kwargs: Any) -> None:
+        super().__init__(
+            owner="FedMMD", train_type=fedmmd.TRAIN_TYPE, hooked_metric="mmd-clients",
+            fallbacks={fedmmd.TRAIN_TYPE: "plain 'train' messages: FedMMD reduces to "
+                       "FedAvg ('mmd-clients' is 0)"}, **kwargs)
+        check_parameters("FedMMD", [
+            (not isinstance(mmd_weight, bool) and isinstance(mmd_weight, (int, float))
+             and math.isfinite(mmd_weight) and mmd_weight >= 0,
+             f"mmd_weight must be a finite number >= 0, got {mmd_weight!r}")])
+        self.mmd_weight = float(mmd_weight)
+
+    def summary(self) -> None:
+        """Log FedMMD's weight, then FedAvg's settings."""
+        log(INFO, "\t├──> FedMMD: mmd-weight %g", self.mmd_weight)
+        super().summary()
+
+    def hook_config(self, config: ConfigRecord) -> None:
+        """``mmd-weight`` in the train config."""
+        config[fedmmd.WEIGHT_KEY] = self.mmd_weight
+
+
+class FedFusion(HookedTrain):
+    """FedFusion (Yao et al., 2019): each client fuses the features of the model it
+    trains with those of the frozen global model it received, through a fusion module
+    that is trained and averaged with the model.
+
+    The global model carries the module's arrays (``fusion.*``, added in the first
+    round, see :mod:`fedgsp_flwr.core.fusion`); the round is FedAvg's over all of them.
+    The messages are ``train.fedfusion`` (handler:
+    :func:`fedgsp_flwr.clients.fedfusion.make_fedfusion_handler`); evaluation and the app's
+    central evaluation score the fused model with the global model as its own reference.
+
+    A ClientApp without the handler: if none has it, one WARNING, the module is dropped
+    and the run is FedAvg of the plain model; in a mixed federation a node without it is
+    sent the model without the module, trains it with plain ``train``, and its reply
+    counts the module as received (unchanged). ``fusion-clients`` counts the nodes that
+    ran the hook. The method and our choices: docs/algorithms.md#fedmmd-and-fedfusion.
+
+    Parameters
+    ----------
+    operator : str (default: "conv")
+        ``conv`` (a 1x1 convolution of both feature maps), ``multi`` (a learnt weight
+        per channel) or ``single`` (one learnt weight).
+    seed : int (default: 0)
+        Seed of the ``conv`` module's initialisation.
+    **kwargs : Any
+        ``train_timeout`` and FedAvg's parameters.
+    """
+
+    def __init__(self, *, operator: str = "conv", seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(
+            owner="FedFusion", train_type=fusion.TRAIN_TYPE, hooked_metric="fusion-clients",
+            fallbacks={fusion.TRAIN_TYPE: "plain 'train' messages of the model without the "
+                       "fusion module: FedFusion reduces to FedAvg"}, **kwargs)
+        check_parameters("FedFusion", [
+            (operator in fusion.OPERATORS,
+             f"operator must be one of {', '.join(fusion.OPERATORS)}, got {operator!r}"),
+            (type(seed) is int, f"seed must be an integer, got {seed!r}")])
+        self.operator, self.seed = operator, seed
+
+    def summary(self) -> None:
+        """Log FedFusion's operator, then FedAvg's settings."""
+        log(INFO, "\t├──> FedFusion: operator %s", self.operator)
+        super().summary()
+
+    def train_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """``arrays`` with the fusion module (added if missing), or without it once no
+        node has the handler.
+
+        Raises
+        ------
+        ValueError
+            If the model has no convolution or linear layer to fuse at.
+        """
+        base, fused = split_fusion(list(arrays.keys()))
+        if not self.hooks.has(self.train_type):
+            return ArrayRecord({k: arrays[k] for k in base}) if fused else arrays
+        if fused:
+            return arrays
+        added = init_fusion([tuple(arrays[k].shape) for k in base], self.operator, self.seed)
+        return ArrayRecord({**{k: arrays[k] for k in base},
+                            **{k: Array(v) for k, v in added.items()}})
+
+    def as_plain(self, message: Message, plain_type: str) -> Message:
+        """The message without the fusion module's arrays."""
+        content = message.content
+        record = content.array_records.get("arrays")
+        if record is None or not split_fusion(list(record.keys()))[1]:
+            return retyped(message, plain_type)
+        base = split_fusion(list(record.keys()))[0]
+        stripped = RecordDict({**{k: v for k, v in content.items() if k != "arrays"},
+                               "arrays": ArrayRecord({k: record[k] for k in base})})
+        return Message(stripped, dst_node_id=message.metadata.dst_node_id,
+                       message_type=plain_type)
+
+    def complete_reply(self, message: Message, reply: Message) -> None:
+        """A plain node's model with the fusion module as the round sent it; once no
+        node has the handler, the round's model without the module instead.
+        """
+        sent = self._sent_arrays
+        if sent is None:
+            return
+        base, fused = split_fusion(list(sent.keys()))
+        if not self.hooks.has(self.train_type):
+            self._sent_arrays = ArrayRecord({k: sent[k] for k in base}) if fused else sent
+            return
+        record = reply.content.array_records.get("arrays") if reply.has_content() else None
+        if record is not None:
+            for key in fused:
+                if key not in record:
+                    record[key] = sent[key]
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's evaluation; a node without the handler scores the model without the
+        fusion module (the model it trains).
+        """
+        return [self.as_plain(m, "evaluate") if m.metadata.dst_node_id in self.plain else m
+                for m in super().configure_evaluate(server_round, arrays, config, grid)]
