@@ -74,6 +74,7 @@ from fedgsp_flwr.tools.divergence import layer_divergence
 from fedgsp_flwr.tools.launcher import LocalSimulation
 
 APP_DIR = Path(__file__).resolve().parent
+LOSS_METRIC = "central-loss"
 
 
 @dataclass(frozen=True)
@@ -366,7 +367,8 @@ def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float]:
 
 
 def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
-    """One summary row per strategy: final accuracy (the experiment's metric), rounds
+    """One summary row per strategy: final accuracy (the experiment's metric) and central
+    loss (where the runs have one), rounds
     to the target and to the reference's final accuracy (with the cost model's time and
     traffic and the bytes moved until then), the reported metrics at the last round,
     model bytes moved in training, wall time.
@@ -391,6 +393,10 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             "final-acc-mean": float(np.mean(finals)) if finals else None,
             "final-acc-std": float(np.std(finals)) if finals else None,
         }
+        losses = [v for m in runs if (v := final(m, LOSS_METRIC)) is not None]
+        if losses:  # the central loss (FedGSP's Table 1 and Fig. 4 report it)
+            row["final-loss-mean"] = float(np.mean(losses))
+            row["final-loss-std"] = float(np.std(losses))
         for name, target in (("target", exp.target_accuracy), ("reference", reference)):
             if target is None:
                 continue

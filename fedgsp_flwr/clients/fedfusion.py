@@ -9,7 +9,8 @@ ICIP 2019).
     (trained); trains it as ``train`` does. out: ``arrays`` (the trained model and
     module, the keys received), ``metrics`` (``train-loss``, ``num-examples``).
 
-Any ClientApp whose model is a ``torch.nn.Sequential`` can register it::
+Any ClientApp can register it; it fuses ``torch.nn.Sequential`` models (another model:
+the node trains with plain ``train``, see :func:`make_fedfusion_handler`)::
 
     app.train("fedfusion")(make_fedfusion_handler(ClientHooks(load_data=...,
                                                               build_model=...)))
@@ -22,6 +23,8 @@ from collections.abc import Callable
 from flwr.app import Context, Message
 
 from ..core.fusion import PREFIX, split_fusion
+from ..core.hooks import UNSUPPORTED_HOOK_TEXT
+from .fusion import UnfusableModel
 from .handlers import ARRAYS_KEY, ClientHooks, make_train_handler
 
 
@@ -29,7 +32,9 @@ def make_fedfusion_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
     """Return a handler for ``train.fedfusion`` (see the module docstring).
 
     The handler raises ``ValueError`` (the node's error reply) if the message's
-    arrays have no fusion module.
+    arrays have no fusion module, and one that starts with ``UNSUPPORTED_HOOK_TEXT`` if
+    the app's model cannot be fused (not a ``Sequential`` with a place to cut): the
+    strategy then trains the node as a plain one.
     """
     train = make_train_handler(hooks)
 
@@ -38,6 +43,9 @@ def make_fedfusion_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
         if record is None or not split_fusion(list(record.keys()))[1]:
             raise ValueError(f"a '{message.metadata.message_type}' message needs the model "
                              f"with its fusion module (arrays '{PREFIX}*') in '{ARRAYS_KEY}'")
-        return train(message, context)
+        try:
+            return train(message, context)
+        except UnfusableModel as err:
+            raise ValueError(f"{UNSUPPORTED_HOOK_TEXT}: {err}") from err
 
     return handle

@@ -22,19 +22,23 @@ if TYPE_CHECKING:
     import torch
 
 
+class UnfusableModel(ValueError):
+    """The model has no place FedFusion can cut (see :func:`cut_index`)."""
+
+
 def cut_index(model: torch.nn.Module) -> int:
     """Where FedFusion cuts a ``torch.nn.Sequential``: at the ``Flatten`` after its last
     convolution, else at its last linear layer.
 
     Raises
     ------
-    ValueError
+    UnfusableModel
         If the model is not a ``Sequential`` or has no such layer.
     """
     from torch import nn
 
     if not isinstance(model, nn.Sequential):
-        raise ValueError("FedFusion fuses the features of a torch.nn.Sequential model; got "
+        raise UnfusableModel("FedFusion fuses the features of a torch.nn.Sequential model; got "
                          f"{type(model).__name__}")
     layers = list(model)
     convs = [i for i, m in enumerate(layers) if isinstance(m, nn.Conv2d)]
@@ -44,7 +48,7 @@ def cut_index(model: torch.nn.Module) -> int:
     else:
         cut = max((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), default=None)
     if not cut:
-        raise ValueError("FedFusion needs a Sequential with a Flatten after its last "
+        raise UnfusableModel("FedFusion needs a Sequential with a Flatten after its last "
                          "convolution, or with a linear layer after others")
     return cut
 

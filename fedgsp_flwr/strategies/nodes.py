@@ -15,6 +15,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..core.hooks import UNSUPPORTED_HOOK_TEXT
 from ..core.sampling import partition_order
 from .replies import error_text
 from .state import NodeMap, StrategyState, from_pairs, pairs, stack_rows
@@ -64,9 +65,12 @@ def collect_reply_list(
 
 
 def missing_handler(reply: Message | None) -> bool:
-    """Whether a reply is the ClientApp's error for a message type it has no handler for."""
+    """Whether a reply is the ClientApp's error for a message type it has no handler
+    for, or our handler's error saying it cannot serve the app (``UNSUPPORTED_HOOK_TEXT``).
+    """
     return (reply is not None and reply.has_error()
-            and MISSING_HANDLER_TEXT in reply.error.reason)
+            and (MISSING_HANDLER_TEXT in reply.error.reason
+                 or UNSUPPORTED_HOOK_TEXT in reply.error.reason))
 
 
 class HookSupport:

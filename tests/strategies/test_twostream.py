@@ -172,6 +172,28 @@ def test_fedfusion_on_a_plain_app_drops_the_module_and_is_fedavg(
     assert sum("FedFusion" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_model_fedfusion_cannot_cut_trains_as_fedavg(
+        caplog: pytest.LogCaptureFixture) -> None:
+    handlers = {}
+    for node in range(NODES):  # our handlers registered, but the app's model is no Sequential
+        hooks = ClientHooks(load_data=lambda _c, p=node: skewed(p),
+                            build_model=lambda *_: plain_clientapp.Net())
+        app = register_hooks(ClientApp(), hooks, handlers=("train", "evaluate", "fedfusion"))
+        context = make_context(node, NODES)
+        handlers[node] = lambda message, a=app, c=context: a(message, c)
+    grid = FakeGrid(handlers)
+    first = ArrayRecord(plain_clientapp.Net().state_dict())
+    strategy = FedFusion()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        result = run_rounds(strategy, grid, first, 2, **SETTINGS)
+    assert list(result.arrays.keys()) == list(first.keys())
+    assert strategy.history[2]["train-replies"] == NODES
+    assert strategy.history[2]["fusion-clients"] == 0
+    assert kinds(grid).count("train.fedfusion") == 1  # the probe only
+    warnings = [r.getMessage() for r in caplog.records if "FedFusion" in r.getMessage()]
+    assert len(warnings) == 1 and "torch.nn.Sequential model; got Net" in warnings[0]
+
+
 def test_in_a_mixed_federation_plain_nodes_leave_the_module_as_sent() -> None:
     grid = federation(plain=(3,))
     strategy = FedFusion(operator="single", fraction_train=1.0, fraction_evaluate=1.0)

@@ -50,6 +50,22 @@ def test_summary_reports_rounds_to_the_reference_accuracy_and_bytes(tmp_path: Pa
     assert rows["fast"]["train-bytes-mean"] == 3 * 300
     assert rows["base"]["train-bytes-mean"] is None
     assert rows["fast"]["final-acc-mean"] == pytest.approx(0.85)
+    assert "final-loss-mean" not in rows["fast"]  # no run recorded a central loss
+
+
+def test_the_final_central_loss_is_summarised_beside_the_accuracy(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, "")
+    for label in ("base", "fast"):
+        for seed, loss in ((0, 0.5), (1, 0.3)):
+            write_run(tmp_path, label, seed, [0.1, 0.4], traffic=None)
+            path = tmp_path / "runs" / simulation.run_name(label, seed) / "metrics.json"
+            metrics = json.loads(path.read_text())
+            metrics["rounds"][-1]["central-loss"] = loss
+            metrics["rounds"][0]["central-loss"] = 9.0
+            path.write_text(json.dumps(metrics))
+    row = simulation.summarize(exp, tmp_path)[0]
+    assert row["final-loss-mean"] == pytest.approx(0.4)
+    assert row["final-loss-std"] == pytest.approx(0.1)
 
 
 def test_a_seed_that_never_reaches_the_reference_is_counted(tmp_path: Path) -> None:

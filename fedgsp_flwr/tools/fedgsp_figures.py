@@ -1,0 +1,224 @@
+"""FedGSP's Fig. 4, 5 and 6 from experiment results folders (``simulation.py``'s).
+
+    python -m fedgsp_flwr.tools.fedgsp_figures --growth results/fedgsp-growth-grid \\
+        --kappa results/fedgsp-kappa --cost results/fedgsp-table1-mnist \\
+        --out docs/results --figures docs/figures
+
+- ``--growth``: final central loss per growth function x (alpha, beta), one heatmap per
+  function (the paper's Fig. 4): ``fedgsp-growth-grid.{csv,json,png}``.
+- ``--kappa``: final accuracy and the cost model's computation and communication time
+  (Eq. 15-16, summed over the run, normalised by the largest) per group sampling rate
+  kappa (Fig. 5): ``fedgsp-kappa.{csv,json,png}``.
+- ``--cost``: the cost model's time and traffic and the measured training bytes until
+  the experiment's target accuracy, per strategy (Fig. 6, from ``summary.json``):
+  ``fedgsp-cost-to-target.{csv,json,png}``.
+
+Values are means over the complete seeds of each label (a run's ``metrics.json`` with
+status ``complete``); a label's settings are read from the folder's
+``experiment.toml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..app.results import read_metrics, rows_to_csv, write_atomic
+
+
+def label_settings(folder: Path) -> dict[str, dict[str, Any]]:
+    """Each strategy label's run config (the shared one with the label's overrides).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the folder has no ``experiment.toml``.
+    """
+    spec = tomllib.loads((folder / "experiment.toml").read_text())
+    shared = spec.get("run-config", {})
+    return {label: {**shared, **overrides} for label, overrides in spec["strategies"].items()}
+
+
+def complete_runs(folder: Path, label: str) -> list[dict[str, Any]]:
+    """The metrics of every complete run of a label (any seed)."""
+    runs = sorted((folder / "runs").glob(f"{label}-seed*"))
+    found = [read_metrics(run) for run in runs]
+    return [m for m in found if m and m.get("status") == "complete"]
+
+
+def final_value(metrics: Mapping[str, Any], key: str) -> float | None:
+    """The last round's value of a per-round metric."""
+    values = [r[key] for r in metrics["rounds"] if isinstance(r.get(key), (int, float))]
+    return float(values[-1]) if values else None
+
+
+def mean_of(values: Sequence[float | None]) -> float | None:
+    """Mean of the values that exist."""
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def growth_rows(folder: Path) -> list[dict[str, Any]]:
+    """One row per label: growth function, alpha, beta, final loss and accuracy."""
+    rows = []
+    for label, cfg in label_settings(folder).items():
+        runs = complete_runs(folder, label)
+        if not runs:
+            continue
+        rows.append({
+            "label": label,
+            "growth": cfg.get("fedgsp-growth"),
+            "alpha": float(cfg.get("fedgsp-growth-alpha")),
+            "beta": int(cfg.get("fedgsp-growth-beta")),
+            "seeds": len(runs),
+            "final-loss": mean_of([final_value(m, "central-loss") for m in runs]),
+            "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
+        })
+    return rows
+
+
+def kappa_rows(folder: Path) -> list[dict[str, Any]]:
+    """One row per label: kappa, final accuracy, the cost model's computation and
+    communication seconds over the run (absolute and normalised by the largest).
+    """
+    rows = []
+    for label, cfg in label_settings(folder).items():
+        runs = complete_runs(folder, label)
+        if not runs:
+            continue
+        comp = [sum(r.get("cost-comp-s", 0.0) for r in m["rounds"]) for m in runs]
+        comm = [sum(r.get("cost-comm-s", 0.0) for r in m["rounds"]) for m in runs]
+        rows.append({"label": label, "kappa": float(cfg.get("fedgsp-kappa")),
+                     "seeds": len(runs),
+                     "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
+                     "comp-s": float(np.mean(comp)), "comm-s": float(np.mean(comm))})
+    for key in ("comp-s", "comm-s"):
+        top = max((row[key] for row in rows), default=0.0)
+        for row in rows:
+            row[f"{key}-normalised"] = row[key] / top if top > 0 else None
+    return sorted(rows, key=lambda row: row["kappa"])
+
+
+def cost_rows(folder: Path) -> list[dict[str, Any]]:
+    """The summary's cost to the target per strategy (Fig. 6)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    keys = ("rounds-to-target", "cost-time-to-target", "cost-traffic-to-target",
+            "train-bytes-to-target", "seeds-reaching-target", "seeds")
+    return [{"strategy": row["strategy"], **{k: row.get(k) for k in keys}} for row in summary]
+
+
+def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
+    """``<name>.csv`` and ``<name>.json`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / f"{name}.json", json.dumps(rows, indent=2))
+    write_atomic(out / f"{name}.csv", rows_to_csv(rows))
+
+
+def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
+    """One heatmap of the final loss per growth function (beta rows, alpha columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    functions = [f for f in ("linear", "log", "exp") if any(r["growth"] == f for r in rows)]
+    alphas = sorted({r["alpha"] for r in rows})
+    betas = sorted({r["beta"] for r in rows})
+    losses = [r["final-loss"] for r in rows if r["final-loss"] is not None]
+    fig, axes = plt.subplots(1, len(functions), figsize=(4.2 * len(functions), 3.6),
+                             squeeze=False)
+    for ax, function in zip(axes[0], functions, strict=True):
+        grid = np.full((len(betas), len(alphas)), np.nan)
+        for r in rows:
+            if r["growth"] == function and r["final-loss"] is not None:
+                grid[betas.index(r["beta"]), alphas.index(r["alpha"])] = r["final-loss"]
+        image = ax.imshow(grid, cmap="viridis_r", vmin=min(losses), vmax=max(losses))
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                ax.text(j, i, f"{value:.3f}", ha="center", va="center", color="white")
+        ax.set(xticks=range(len(alphas)), xticklabels=[f"{a:g}" for a in alphas],
+               yticks=range(len(betas)), yticklabels=[str(b) for b in betas],
+               xlabel="alpha", ylabel="beta", title=f"{function} growth: final loss")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_kappa(rows: list[dict[str, Any]], path: Path) -> None:
+    """Final accuracy and normalised computation / communication time over kappa."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kappas = [r["kappa"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, key, title in ((axes[0], "final-acc", "accuracy"),
+                           (axes[1], "comp-s-normalised", "computation time (normalised)"),
+                           (axes[2], "comm-s-normalised", "communication time (normalised)")):
+        ax.bar([str(k) for k in kappas], [r[key] or 0.0 for r in rows])
+        ax.set(xlabel="kappa", title=title)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_cost(rows: list[dict[str, Any]], path: Path) -> None:
+    """Cost-model time, cost-model traffic and measured bytes to the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reached = [r for r in rows if r["cost-time-to-target"] is not None]
+    names = [r["strategy"] for r in reached]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, key, scale, title in (
+            (axes[0], "cost-time-to-target", 1 / 3600, "cost model: time to target (h)"),
+            (axes[1], "cost-traffic-to-target", 1e-9, "cost model: traffic to target (GB)"),
+            (axes[2], "train-bytes-to-target", 1e-9, "measured: bytes to target (GB)")):
+        ax.bar(names, [r[key] * scale for r in reached])
+        ax.set(title=title)
+        ax.tick_params(axis="x", rotation=45)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--growth", type=Path, help="results folder of the growth grid")
+    parser.add_argument("--kappa", type=Path, help="results folder of the kappa sweep")
+    parser.add_argument("--cost", type=Path, help="results folder with a target accuracy")
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
+    args = parser.parse_args(argv)
+    args.figures.mkdir(parents=True, exist_ok=True)
+    for folder, rows_of, plot, name in (
+            (args.growth, growth_rows, plot_growth, "fedgsp-growth-grid"),
+            (args.kappa, kappa_rows, plot_kappa, "fedgsp-kappa"),
+            (args.cost, cost_rows, plot_cost, "fedgsp-cost-to-target")):
+        if folder is None:
+            continue
+        rows = rows_of(folder)
+        if not rows:
+            parser.error(f"{folder}: no complete runs")
+        write_table(rows, args.out, name)
+        plot(rows, args.figures / f"{name}.png")
+        print(f"{name}: {len(rows)} rows -> {args.out / name}.csv, "
+              f"{args.figures / name}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""FedGSP's Fig. 4-6 tables from hand-written results folders (no simulation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedgsp_flwr.tools import fedgsp_figures as figures
+
+
+def write_folder(root: Path, spec: str, runs: dict[str, list[dict]]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "experiment.toml").write_text(spec)
+    for name, rounds in runs.items():
+        folder = root / "runs" / name
+        folder.mkdir(parents=True)
+        folder.joinpath("metrics.json").write_text(json.dumps(
+            {"status": "complete", "rounds": rounds, "summary": {"wall-time": 1.0}}))
+    return root
+
+
+def test_the_growth_grid_reports_each_cells_final_loss_and_plots(tmp_path: Path) -> None:
+    spec = ('name = "g"\n[run-config]\nstrategy = "fedgsp"\n'
+            '[strategies.log-a2-b3]\nfedgsp-growth = "log"\nfedgsp-growth-alpha = 2.0\n'
+            'fedgsp-growth-beta = 3\n'
+            '[strategies.exp-a1-b1]\nfedgsp-growth = "exp"\nfedgsp-growth-alpha = 1.0\n'
+            'fedgsp-growth-beta = 1\n'
+            '[strategies.missing]\nfedgsp-growth = "linear"\nfedgsp-growth-alpha = 1.0\n'
+            'fedgsp-growth-beta = 1\n')
+    folder = write_folder(tmp_path / "g", spec, {
+        "log-a2-b3-seed0": [{"round": 0, "central-loss": 2.3}, {"round": 1,
+                            "central-loss": 0.4, "central-acc": 0.9}],
+        "log-a2-b3-seed1": [{"round": 1, "central-loss": 0.6, "central-acc": 0.8}],
+        "exp-a1-b1-seed0": [{"round": 1, "central-loss": 1.0, "central-acc": 0.5}],
+    })
+    rows = {r["label"]: r for r in figures.growth_rows(folder)}
+    assert set(rows) == {"log-a2-b3", "exp-a1-b1"}  # no complete run: no row
+    assert rows["log-a2-b3"] == {"label": "log-a2-b3", "growth": "log", "alpha": 2.0,
+                                 "beta": 3, "seeds": 2, "final-loss": pytest.approx(0.5),
+                                 "final-acc": pytest.approx(0.85)}
+    assert figures.main(["--growth", str(folder), "--out", str(tmp_path / "out"),
+                         "--figures", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig" / "fedgsp-growth-grid.png").stat().st_size > 1000
+    saved = json.loads((tmp_path / "out" / "fedgsp-growth-grid.json").read_text())
+    assert len(saved) == 2
+
+
+def test_kappa_rows_sum_the_cost_model_and_normalise_by_the_largest(tmp_path: Path) -> None:
+    spec = ('name = "k"\n[run-config]\nstrategy = "fedgsp"\n'
+            '[strategies.kappa-1]\nfedgsp-kappa = 1.0\n'
+            '[strategies.kappa-0p1]\nfedgsp-kappa = 0.1\n')
+    rounds = lambda comp, comm: [{"round": r, "central-acc": 0.5 + r / 10,  # noqa: E731
+                                  "cost-comp-s": comp, "cost-comm-s": comm}
+                                 for r in (1, 2)]
+    folder = write_folder(tmp_path / "k", spec, {"kappa-1-seed0": rounds(3.0, 10.0),
+                                                 "kappa-0p1-seed0": rounds(2.0, 1.0)})
+    rows = figures.kappa_rows(folder)
+    assert [r["kappa"] for r in rows] == [0.1, 1.0]
+    assert rows[0]["comm-s"] == 2.0 and rows[1]["comm-s"] == 20.0
+    assert rows[0]["comm-s-normalised"] == pytest.approx(0.1)
+    assert rows[0]["comp-s-normalised"] == pytest.approx(4 / 6)
+    assert rows[1]["final-acc"] == pytest.approx(0.7)
+
+
+def test_cost_rows_come_from_the_summary_and_skip_unreached_targets(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps([
+        {"strategy": "fedavg", "seeds": 1, "rounds-to-target": 40.0,
+         "cost-time-to-target": 7200.0, "cost-traffic-to-target": 2e9,
+         "train-bytes-to-target": 3e9, "seeds-reaching-target": 1},
+        {"strategy": "fedprox", "seeds": 1, "rounds-to-target": None,
+         "cost-time-to-target": None, "cost-traffic-to-target": None,
+         "train-bytes-to-target": None, "seeds-reaching-target": 0}]))
+    rows = figures.cost_rows(folder)
+    assert [r["strategy"] for r in rows] == ["fedavg", "fedprox"]
+    figures.plot_cost(rows, tmp_path / "cost.png")  # the unreached row is left out
+    assert (tmp_path / "cost.png").stat().st_size > 1000
