@@ -19,6 +19,12 @@ from .fedavg import check_parameters
 from .hooked import HookedTrain, retyped
 
 
+def without_fusion(arrays: ArrayRecord) -> ArrayRecord:
+    """``arrays`` without the fusion module's (the same record if it has none)."""
+    base, fused = split_fusion(list(arrays.keys()))
+    return ArrayRecord({k: arrays[k] for k in base}) if fused else arrays
+
+
 class FedMMD(HookedTrain):
     """FedMMD, "two-stream" FL (Yao et al., 2018): FedAvg whose clients train on their
     loss plus ``mmd_weight`` x MMD^2 between the outputs of the model they train and of
@@ -112,9 +118,9 @@ class FedFusion(HookedTrain):
         ValueError
             If the model has no convolution or linear layer to fuse at.
         """
-        base, fused = split_fusion(list(arrays.keys()))
         if not self.hooks.has(self.train_type):
-            return ArrayRecord({k: arrays[k] for k in base}) if fused else arrays
+            return without_fusion(arrays)
+        base, fused = split_fusion(list(arrays.keys()))
         if fused:
             return arrays
         added = init_fusion([tuple(arrays[k].shape) for k in base], self.operator, self.seed)
@@ -125,11 +131,10 @@ class FedFusion(HookedTrain):
         """The message without the fusion module's arrays."""
         content = message.content
         record = content.array_records.get("arrays")
-        if record is None or not split_fusion(list(record.keys()))[1]:
+        if record is None or (base := without_fusion(record)) is record:
             return retyped(message, plain_type)
-        base = split_fusion(list(record.keys()))[0]
         stripped = RecordDict({**{k: v for k, v in content.items() if k != "arrays"},
-                               "arrays": ArrayRecord({k: record[k] for k in base})})
+                               "arrays": base})
         return Message(stripped, dst_node_id=message.metadata.dst_node_id,
                        message_type=plain_type)
 
@@ -140,10 +145,10 @@ class FedFusion(HookedTrain):
         sent = self._sent_arrays
         if sent is None:
             return
-        base, fused = split_fusion(list(sent.keys()))
         if not self.hooks.has(self.train_type):
-            self._sent_arrays = ArrayRecord({k: sent[k] for k in base}) if fused else sent
+            self._sent_arrays = without_fusion(sent)
             return
+        fused = split_fusion(list(sent.keys()))[1]
         record = reply.content.array_records.get("arrays") if reply.has_content() else None
         if record is not None:
             for key in fused:
