@@ -31,8 +31,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.cluster.hierarchy import linkage, to_tree
-from scipy.spatial.distance import squareform
 
 # How a cluster is bipartitioned: "complete" linkage (the authors' code: sklearn's
 # AgglomerativeClustering(linkage="complete") on -similarity, 2 clusters), or the
@@ -291,6 +289,11 @@ def bipartition(similarities: np.ndarray, method: str = "complete"
     if n < 2 or similarities.shape != (n, n):
         raise ValueError(f"need an (n, n) similarity matrix with n >= 2, got "
                          f"{similarities.shape}")
+    # scipy.cluster costs ~0.5 s to import: not at module level, which every ClientApp
+    # process loads (through the run config's choices).
+    from scipy.cluster.hierarchy import linkage, to_tree
+    from scipy.spatial.distance import squareform
+
     distances = 1.0 - np.clip((similarities + similarities.T) / 2, -1.0, 1.0)
     np.fill_diagonal(distances, 0.0)
     tree = to_tree(linkage(squareform(distances, checks=False),

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from ortools.graph.python import max_flow, min_cost_flow
 
 POLICIES = ("original", "random", "heuristic", "greedy", "equal-size", "optimal")
 # Work-array sizes (float64 elements) of the vectorised searches, to bound memory.
@@ -123,6 +122,8 @@ class AssignmentProblem:
         n_users, n_edges = self.num_users, self.num_edges
         edges_idx, users_idx = np.nonzero(self.reach)
         source, sink = n_users + n_edges, n_users + n_edges + 1
+        from ortools.graph.python import max_flow  # lazy: see _closest_feasible
+
         flow = max_flow.SimpleMaxFlow()
         arcs = flow.add_arcs_with_capacity(
             users_idx.astype(np.int64), edges_idx.astype(np.int64) + n_users,
@@ -275,6 +276,10 @@ def _closest_feasible(problem: AssignmentProblem,
     sink = n_users + n_edges
     cap = (problem.capacity if problem.capacity is not None
            else np.full(n_edges, n_users, np.int64))
+    # OR-Tools is imported where it is used: every ClientApp process loads this module
+    # (through the run config's choices) and never solves anything.
+    from ortools.graph.python import min_cost_flow
+
     flow = min_cost_flow.SimpleMinCostFlow()
     arcs = flow.add_arcs_with_capacity_and_unit_cost(
         users_idx.astype(np.int64), edges_idx.astype(np.int64) + n_users,

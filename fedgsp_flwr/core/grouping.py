@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from ortools.graph.python import min_cost_flow
 
 from .kmeans import squared_distances
 
@@ -705,6 +704,10 @@ def _solve_flow(cost: np.ndarray, size: int, rows: np.ndarray, arcs: np.ndarray,
     stats.flows += 1
     stats.flow_points += len(supply)
     stats.flow_arcs += len(tails)
+    # Imported here, not at module level: every ClientApp process loads this module
+    # (through the run config's choices) and OR-Tools costs it ~0.3 s.
+    from ortools.graph.python import min_cost_flow
+
     flow = min_cost_flow.SimpleMinCostFlow()
     handles = flow.add_arcs_with_capacity_and_unit_cost(
         tails, heads + len(supply), supply[tails], arc_cost.astype(np.int64))

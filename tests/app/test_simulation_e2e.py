@@ -137,23 +137,24 @@ def test_semifl_trains_static_clusters_through_the_engine(sim: LocalSimulation,
     assert rounds[2]["central-acc"] > rounds[0]["central-acc"]
 
 
-def test_a_thousand_nodes_train_a_round_of_fedavg_and_fedgsp(sim: LocalSimulation,
-                                                             tmp_path: Path) -> None:
-    """Scale: 1,000 simulated nodes, 10% sampled (FedGSP: 10 of 100 groups of 10)."""
-    base = {"dataset": "synthetic", "model": "logistic", "num-server-rounds": 1,
-            "fraction-train": 0.1, "fraction-evaluate": 0.1, "min-available-nodes": 1000,
-            "results-dir": str(tmp_path)}
-    runs = {"fedavg": {}, "fedgsp": {"fedgsp-growth-beta": 100, "fedgsp-kappa": 0.1}}
-    for name, extra in runs.items():
-        outcome = sim.run({**base, **extra, "strategy": name, "run-name": name},
-                          num_supernodes=1000, log_path=tmp_path / f"{name}.log", timeout=900)
-        assert outcome.ok, outcome.log_path.read_text()[-3000:]
-        assert json.loads((tmp_path / name / "config.json").read_text())["num-nodes"] == 1000
-    fedavg = read_metrics(tmp_path / "fedavg")["rounds"][1]
-    assert (fedavg["train-replies"], fedavg["train-rejected"], fedavg["eval-replies"]) == (
-        100, 0, 100)
+def test_a_thousand_nodes_train_a_round_of_fedgsp(sim: LocalSimulation,
+                                                  tmp_path: Path) -> None:
+    """Scale: 1,000 simulated nodes, 10% sampled (10 of 100 groups of 10), 10% evaluated.
+
+    One run (FedGSP: 1,000 histogram queries, ICG, 100 relay hops, 100 evaluations);
+    FedAvg on 1,000 nodes is measured in benchmarks (README "1,000 simulated nodes").
+    """
+    outcome = sim.run({"dataset": "synthetic", "model": "logistic", "num-server-rounds": 1,
+                       "fraction-train": 0.1, "fraction-evaluate": 0.1,
+                       "min-available-nodes": 1000, "results-dir": str(tmp_path),
+                       "strategy": "fedgsp", "fedgsp-growth-beta": 100, "fedgsp-kappa": 0.1,
+                       "run-name": "fedgsp"},
+                      num_supernodes=1000, log_path=tmp_path / "fedgsp.log", timeout=900)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    assert json.loads((tmp_path / "fedgsp" / "config.json").read_text())["num-nodes"] == 1000
     fedgsp = read_metrics(tmp_path / "fedgsp")["rounds"][1]
     assert (fedgsp["num-groups"], fedgsp["hops"], fedgsp["skipped-nodes"]) == (100, 100, 0)
+    assert fedgsp["eval-replies"] == 100 and fedgsp["eval-rejected"] == 0
 
 
 def test_a_failing_run_is_reported_not_hidden(sim: LocalSimulation, tmp_path: Path) -> None:

@@ -85,6 +85,14 @@ STRATEGY_RUNS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]
     # clusters from the node config: nodes 0 and 1 in cluster 0, node 2 in cluster 1
     "semifl": ({"semifl-clusters": "node-config"},
                expect(**{"cluster-sizes": [2, 1], "hops": 3, "uploads": 2})),
+    # each node scores both models on its data (train.ifca) and trains its argmin
+    "ifca": ({"ifca-k": 2}, expect(**{"train-replies": 3, "chosen-clients": 3,
+                                      "cluster-sizes": lambda s: sum(s) == 3})),
+    "cfl": ({}, expect(**{"train-replies": 3, "clusters": lambda k: k >= 1,
+                          "placed-clients": 3})),
+    # every node trains its personal model in its node state and is scored on it
+    "ditto": ({"fraction-evaluate": 1.0}, expect(**{"train-replies": 3, "eval-replies": 3,
+                                                    "eval-personal-clients": 3})),
 }
 
 
