@@ -165,6 +165,9 @@ def test_each_strategy_has_at_most_four_classes_of_ours(cls: type) -> None:
 @pytest.mark.parametrize(("module", "absent"), [
     ("fedgsp_flwr.core", {"flwr", "torch"}),
     ("fedgsp_flwr.strategies", {"torch", "fedgsp_flwr.app", "fedgsp_flwr.clients"}),
+    # Deployment starts a ClientApp process per message: the solvers' imports (~0.8 s
+    # here) are paid only where something is solved.
+    ("fedgsp_flwr.app.client_app", {"scipy.cluster", "scipy.spatial", "ortools"}),
 ])
 def test_the_library_imports_without_what_it_does_not_need(module: str,
                                                            absent: set[str]) -> None:
