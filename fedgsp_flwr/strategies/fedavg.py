@@ -2,7 +2,7 @@
 every strategy of this package.
 
 Shared behaviour lives in objects a strategy holds, not in mixins: the node registry
-(:class:`~fedgsp_flwr.strategies.nodes.NodeHistograms`, ``self.known``), the reply
+(:class:`~fedgsp_flwr.strategies.nodes.NodeRegistry`, ``self.known``), the reply
 checks (:func:`~fedgsp_flwr.strategies.replies.filter_replies`) and the checkpoint
 state (:class:`~fedgsp_flwr.strategies.state.StrategyState`).
 """
@@ -27,7 +27,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .metrics import aggregate_metrics, reply_metrics
-from .nodes import NodeHistograms
+from .nodes import NodeRegistry
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .state import NodeMap, StrategyState
@@ -141,7 +141,7 @@ class FedAvg(FlowerFedAvg):
     ----------
     history : dict[int, dict[str, Any]]
         Per-round metrics, by round.
-    known : NodeHistograms | None
+    known : NodeRegistry | None
         What the strategy knows of the nodes (strategies that ask for histograms); it
         goes into the checkpoint and translates node ids on resume.
     progress : TrainingProgress
@@ -157,7 +157,7 @@ class FedAvg(FlowerFedAvg):
                          run_checks(max_untrained_rounds, server_threads))
         self.server_threads = server_threads
         self.history: dict[int, dict[str, Any]] = {}
-        self.known: NodeHistograms | None = None
+        self.known: NodeRegistry | None = None
         self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
                                          self.weighted_by_key)
         self.start_timeout = math.inf

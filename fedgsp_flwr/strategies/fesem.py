@@ -20,7 +20,7 @@ from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_mov
 from ..core.sampling import sample_share
 from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
 from .metrics import reply_metrics
-from .nodes import NodeHistograms, collect_reply_list, node_label
+from .nodes import NodeRegistry, collect_reply_list, node_label
 from .replies import reply_problem
 from .state import (
     NodeMap,
@@ -86,7 +86,7 @@ class FeSEM(ServerSideRound):
     ground_truth : Mapping[int, int] | None (default: None)
         Latent group of each partition id, to report ARI and NMI each round.
     query_timeout : float (default: 300.0)
-        Seconds to wait for ``query.histogram`` replies (asked once per node for its
+        Seconds to wait for ``query.partition`` replies (asked once per node for its
         partition id, which gives a run-independent node order and the ARI).
     seed : int (default: 0)
         Seed of node sampling and k-means++.
@@ -127,9 +127,9 @@ class FeSEM(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.known: NodeHistograms = NodeHistograms(
+        self.known: NodeRegistry = NodeRegistry(
             "FeSEM", query_timeout, "nodes are ordered by node id (no partition ids: the "
-            "order differs from run to run and no ARI is reported)")
+            "order differs from run to run and no ARI is reported)", asks="partition")
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
         self._eval_centre: dict[int, int] = {}  # node -> centre it was evaluated with
         self.layout: Layout | None = None

@@ -25,7 +25,7 @@ from ..core.edge_assignment import (
 )
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
-from .nodes import NodeHistograms, collect_replies
+from .nodes import NodeRegistry, collect_replies
 from .replies import filter_replies
 from .state import (
     NodeMap,
@@ -119,7 +119,7 @@ class HierFL(ServerSideRound):
         self.tau1, self.tau2 = tau1, tau2
         self.time_limit, self.size_tolerance = time_limit, size_tolerance
         self.rng = np.random.default_rng(seed)
-        self.known: NodeHistograms = NodeHistograms(
+        self.known: NodeRegistry = NodeRegistry(
             "HierFL", query_timeout, "users without class counts count as empty in the "
             "assignment objective (with none, the assignment is arbitrary)")
         self.users: list[int] = []  # node ids, user index order

@@ -34,7 +34,7 @@ from ..core.ifca import (
 from ..core.sampling import sample_share
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
-from .nodes import HookSupport, NodeHistograms, collect_reply_list, missing_handler, node_label
+from .nodes import HookSupport, NodeRegistry, collect_reply_list, missing_handler, node_label
 from .replies import arrays_problem, error_text, reply_problem
 from .state import (
     NodeMap,
@@ -132,7 +132,7 @@ class IFCA(ServerSideRound):
     ground_truth : Mapping[int, int] | None (default: None)
         Latent group of each partition id, to report ARI and NMI each round.
     query_timeout : float (default: 300.0)
-        Seconds to wait for ``query.histogram`` replies (asked once per node for its
+        Seconds to wait for ``query.partition`` replies (asked once per node for its
         partition id, which gives a run-independent node order and the ARI).
     seed : int (default: 0)
         Seed of node sampling, warm-up groups and the ``redraw`` initialisation.
@@ -185,9 +185,9 @@ class IFCA(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.known: NodeHistograms = NodeHistograms(
+        self.known: NodeRegistry = NodeRegistry(
             "IFCA", query_timeout, "nodes are ordered by node id (no partition ids: the "
-            "order differs from run to run and no ARI is reported)")
+            "order differs from run to run and no ARI is reported)", asks="partition")
         self.hooks = HookSupport("IFCA", {MESSAGE_TYPE: FALLBACK})
         self.models: list[ArrayRecord] = []
         self.head: list[str] | None = None

@@ -321,25 +321,68 @@ def query_histograms(
     return out
 
 
-class NodeHistograms:
-    """The class histograms of the nodes seen so far, each asked once.
+def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
+                     hooks: HookSupport | None = None) -> HistogramReplies:
+    """Ask nodes for their partition id with ``query.partition`` (no data is shared).
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid.
+    node_ids : Sequence[int]
+        Nodes to ask.
+    timeout : float
+        Seconds to wait for all replies.
+    hooks : HookSupport | None
+        Sends the queries (one probe first, see :class:`HookSupport`); ``None`` asks
+        every node at once.
+
+    Returns
+    -------
+    HistogramReplies
+        The reported partition ids (no histograms), reasons for the nodes without one.
+    """
+    queries = [Message(content=RecordDict(), dst_node_id=n, message_type="query.partition")
+               for n in node_ids]
+    send = collect_reply_list if hooks is None else hooks.collect
+    out = HistogramReplies()
+    for node, reply in zip(node_ids, send(grid, queries, timeout), strict=True):
+        if unreachable(reply):
+            out.unreachable.add(node)
+        if reply is None:
+            out.failed[node] = f"no reply within {timeout:g}s"
+        elif (partition := reported_partition(reply)) is not None:
+            out.partition_ids[node] = partition
+        else:
+            out.failed[node] = (f"error reply: {error_text(reply.error.reason)}"
+                                if reply.has_error() else "no integer partition-id in the reply")
+    return out
+
+
+class NodeRegistry:
+    """What the nodes seen so far said about themselves, each asked once.
 
     Parameters
     ----------
     owner : str
         Strategy name for log lines.
     timeout : float
-        Seconds to wait for ``query.histogram`` replies.
+        Seconds to wait for the query replies.
     fallback : str
-        What the strategy does for nodes without a histogram (named in the warning
-        when the nodes' ClientApp has no ``query.histogram`` handler).
+        What the strategy does for nodes that cannot answer (named in the warning when
+        the nodes' ClientApp has no handler for the query).
+    asks : str
+        ``"histogram"`` (default): ``query.histogram``, the class histogram plus the
+        partition id, edges and cluster the node config states (FedGSP, HierFL,
+        Semi-FL). ``"partition"``: ``query.partition``, the partition id only, no data
+        (for strategies that only order nodes by it: IFCA, CFL, FeSEM).
 
     Attributes
     ----------
     histograms : dict[int, np.ndarray]
-        Label counts by node id.
+        Label counts by node id (empty when ``asks="partition"``).
     without : dict[int, str]
-        Why each node that could not answer has no histogram (asked once only).
+        Why each node that answered told nothing usable (asked once only).
     partition_ids : dict[int, int]
         The ``partition-id`` nodes reported.
     edges : dict[int, list[int]]
@@ -351,9 +394,13 @@ class NodeHistograms:
     """
 
     def __init__(self, owner: str, timeout: float,
-                 fallback: str = "nodes without a histogram are placed at random") -> None:
-        self.owner, self.timeout = owner, timeout
-        self.hooks = HookSupport(owner, {"query.histogram": fallback})
+                 fallback: str = "nodes without a histogram are placed at random",
+                 asks: str = "histogram") -> None:
+        if asks not in ("histogram", "partition"):
+            raise ValueError(f"asks must be 'histogram' or 'partition', got {asks!r}")
+        self.owner, self.timeout, self.asks = owner, timeout, asks
+        self.message_type = f"query.{asks}"
+        self.hooks = HookSupport(owner, {self.message_type: fallback})
         self.histograms: dict[int, np.ndarray] = {}
         self.without: dict[int, str] = {}
         self.partition_ids: dict[int, int] = {}
@@ -362,19 +409,23 @@ class NodeHistograms:
         self.unreachable: set[int] = set()
 
     def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
-        """Ask the nodes not seen before (or forgotten) for their class histograms.
+        """Ask the nodes not seen before (or forgotten) the registry's query.
 
-        A node that answers without a usable histogram (a ClientApp without our
-        handler) is remembered as such; one that does not answer at all is put in
+        A node that answers without a usable answer (a ClientApp without our handler)
+        is remembered as such; one that does not answer at all is put in
         :attr:`unreachable` and asked again on the next call.
         """
-        new = [n for n in nodes if n not in self.histograms and n not in self.without]
+        known = self.known_nodes()
+        new = [n for n in nodes if n not in known]
         self.unreachable.difference_update(nodes)
         if not new:
             return
-        known = next(iter(self.histograms.values()), None)
-        replies = query_histograms(grid, new, self.timeout,
-                                   None if known is None else len(known), self.hooks)
+        if self.asks == "partition":
+            replies = query_partitions(grid, new, self.timeout, self.hooks)
+        else:
+            width = next(iter(self.histograms.values()), None)
+            replies = query_histograms(grid, new, self.timeout,
+                                       None if width is None else len(width), self.hooks)
         self.histograms.update(replies.histograms)
         self.partition_ids.update(replies.partition_ids)
         self.edges.update(replies.edges)
@@ -383,8 +434,8 @@ class NodeHistograms:
         answered = {n: r for n, r in replies.failed.items() if n not in replies.unreachable}
         self.without.update(answered)
         if any(MISSING_HANDLER_TEXT not in reason for reason in answered.values()):
-            log(WARNING, "%s: %d node(s) without a histogram: %s", self.owner,
-                len(answered), self.hooks.fallbacks["query.histogram"])
+            log(WARNING, "%s: %d node(s) without a usable %s reply: %s", self.owner,
+                len(answered), self.message_type, self.hooks.fallbacks[self.message_type])
         if self.unreachable:
             log(WARNING, "%s: node(s) %s did not answer; they sit out until they do",
                 self.owner, sorted(self.unreachable))
@@ -400,12 +451,12 @@ class NodeHistograms:
         return self.order([n for n in connected if n not in self.unreachable])
 
     def known_nodes(self) -> set[int]:
-        """Nodes with a histogram or a recorded reason for having none."""
-        return set(self.histograms) | set(self.without)
+        """Nodes with an answer (histogram or partition id) or a reason for having none."""
+        return set(self.histograms) | set(self.partition_ids) | set(self.without)
 
     def forget_unanswered(self, answers: Iterable[tuple[int, Message | None]]) -> None:
         """Forget the nodes whose message got no answer (see :func:`unreachable`): a node
-        that is gone answers a histogram query again before it takes part again.
+        that is gone answers the registry's query again before it takes part again.
         """
         self.forget([node for node, reply in answers if unreachable(reply)])
 

@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 
 from .fedavg import GroupModel, ServerSideRound, average_arrays, check_parameters
 from .metrics import MetricsAggregation
-from .nodes import NodeHistograms, node_label
+from .nodes import NodeRegistry, node_label
 from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
 from .state import NodeMap, StrategyState, generator_state, set_generator_state
 
@@ -88,7 +88,7 @@ class RelayStrategy(ServerSideRound):
         self.weighted_average = weighted_average
         self.poll_interval = poll_interval
         self.rng = np.random.default_rng(seed)
-        self.known: NodeHistograms = NodeHistograms(type(self).__name__, query_timeout,
+        self.known: NodeRegistry = NodeRegistry(type(self).__name__, query_timeout,
                                                     self.histogram_fallback)
         self.plain_nodes: set[int] = set()  # nodes without a relay_message_type handler
         self.last_chains: list[ChainResult] = []

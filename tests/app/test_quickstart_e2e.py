@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 STRATEGIES = ("fedavg", "fedprox", "fedgsp", "semifl", "hierfl", "stocfl", "fesem")
 ASKS = {"fedgsp": ("query.histogram",), "semifl": ("query.histogram",),
-        "hierfl": ("query.histogram",), "fesem": ("query.histogram",),
+        "hierfl": ("query.histogram",), "fesem": ("query.partition",),
         "stocfl": ("query.partition", "query.sketch")}
 RUN = {"train-examples": 12000, "lr": 0.02, "num-server-rounds": 3}
 

@@ -46,10 +46,8 @@ def node_handler(partition: int, groups: int = 4, metric: str = "train-loss",
 
     def handle(message: Message) -> Message:
         kind = message.metadata.message_type
-        if kind == "query.histogram":
-            metrics = MetricRecord({"num-examples": 10, "partition-id": partition})
-            hist = ArrayRecord({"histogram": Array(np.array([10, 0], dtype=np.int64))})
-            return Message(RecordDict({"histogram": hist, "metrics": metrics}),
+        if kind == "query.partition":
+            return Message(RecordDict({"metrics": MetricRecord({"partition-id": partition})}),
                            reply_to=message)
         head = message.content["arrays"]["head"].numpy().astype(np.float64)
         if kind == "evaluate":
@@ -368,7 +366,7 @@ def test_a_node_silent_in_the_split_round_is_placed_when_it_is_back() -> None:
     grid.pushed.clear()
     start(strategy, grid, 1)
     to_silent = [(k, m) for _, n, k, m in grid.pushed if n == silent]
-    assert [k for k, _ in to_silent] == ["query.histogram", "train"]
+    assert [k for k, _ in to_silent] == ["query.partition", "train"]
     np.testing.assert_array_equal(to_silent[1][1].content["arrays"]["head"].numpy(),
                                   split.model["head"])
     assert strategy.history[1]["placements"] == 1
@@ -481,7 +479,7 @@ def test_defaults_train_a_plain_quickstart_app(caplog: pytest.LogCaptureFixture)
     assert "train_loss" in last and last["eval_acc"] > 0.25 and last["clusters"] == 1
     assert not np.array_equal(result.arrays["fc.weight"].numpy(),  # type: ignore[attr-defined]
                               first["fc.weight"].numpy())
-    missing = [r for r in caplog.records if "has no 'query.histogram'" in r.getMessage()]
+    missing = [r for r in caplog.records if "has no 'query.partition'" in r.getMessage()]
     assert len(missing) == 1
-    assert [k for _, _, k, _ in grid.pushed].count("query.histogram") == 1
+    assert [k for _, _, k, _ in grid.pushed].count("query.partition") == 1
     assert list(strategy.group_models()) == [ROOT]

@@ -25,10 +25,8 @@ def node_handler(partition: int, groups: int = 3, nan: bool = False):
 
     def handle(message: Message) -> Message:
         kind = message.metadata.message_type
-        if kind == "query.histogram":
-            metrics = MetricRecord({"num-examples": 10, "partition-id": partition})
-            hist = ArrayRecord({"histogram": Array(np.array([10, 0], dtype=np.int64))})
-            return Message(RecordDict({"histogram": hist, "metrics": metrics}),
+        if kind == "query.partition":
+            return Message(RecordDict({"metrics": MetricRecord({"partition-id": partition})}),
                            reply_to=message)
         head = message.content["arrays"]["head"].numpy()
         if kind == "evaluate":
@@ -213,7 +211,7 @@ def test_a_silent_node_sits_out_until_it_answers_a_histogram_query_again() -> No
     start(strategy, grid, 1)
     assert strategy.history[1]["sampled"] == 6 and strategy.history[1]["train-replies"] == 6
     assert strategy.assignment[silent] == centre
-    queries = [n for _, n, t, _ in grid.pushed if t == "query.histogram"]
+    queries = [n for _, n, t, _ in grid.pushed if t == "query.partition"]
     assert queries.count(silent) == 3 and queries.count(node_id(0)) == 1
 
 

@@ -56,10 +56,8 @@ def node_handler(partition: int, groups: int = 3, plain: bool = False,
 
     def handle(message: Message) -> Message:
         kind, content = message.metadata.message_type, message.content
-        if kind == "query.histogram":
-            metrics = MetricRecord({"num-examples": 10, "partition-id": partition})
-            hist = ArrayRecord({"histogram": Array(np.array([10, 0], dtype=np.int64))})
-            return Message(RecordDict({"histogram": hist, "metrics": metrics}),
+        if kind == "query.partition":
+            return Message(RecordDict({"metrics": MetricRecord({"partition-id": partition})}),
                            reply_to=message)
         if kind == "evaluate":
             head = content["arrays"]["head"].numpy()
@@ -444,7 +442,7 @@ def hooked_node(partition: int) -> Callable[[Message], Message]:
 
     hooks = ClientHooks(load_data=lambda _c: shifted_data(partition),
                         build_model=lambda *_: build_model("logistic", (6,), 3, seed=0))
-    app = register_hooks(ClientApp(), hooks, handlers=("train", "evaluate", "histogram"))
+    app = register_hooks(ClientApp(), hooks, handlers=("train", "evaluate", "partition"))
     app.train("ifca")(make_ifca_handler(hooks))
     context: Context = make_context(partition, 8)
     return lambda message: app(message, context)
@@ -474,4 +472,4 @@ def test_defaults_train_a_plain_quickstart_shaped_app() -> None:
     assert not all(np.array_equal(result.arrays[k].numpy(), start_model[k].numpy())
                    for k in start_model)
     pushed = [kind for _, _, kind, _ in grid.pushed]
-    assert pushed.count("train.ifca") == 1 and pushed.count("query.histogram") == 1
+    assert pushed.count("train.ifca") == 1 and pushed.count("query.partition") == 1

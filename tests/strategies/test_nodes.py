@@ -9,7 +9,8 @@ import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 
 from fakegrid import FakeGrid
-from fedgsp_flwr.strategies.nodes import HookSupport, collect_reply_list, missing_handler
+from fedgsp_flwr.strategies.nodes import (HookSupport, NodeRegistry, collect_reply_list,
+                                         missing_handler)
 
 
 def node(*types: str):
@@ -83,3 +84,44 @@ def test_a_silent_probe_does_not_starve_the_other_nodes() -> None:
     assert time.monotonic() - started < 1.5
     assert replies[0] is None and "query.x" not in hooks.present, "probed again next time"
     assert all(r is not None and not r.has_error() for r in replies[1:])
+
+
+def test_a_partition_registry_asks_each_node_once_for_its_partition_id_and_nothing_else(
+        caplog: pytest.LogCaptureFixture) -> None:
+    awake = {"yes": False}
+
+    def reporting(partition: int | None):
+        def handle(message: Message) -> Message | None:
+            assert message.metadata.message_type == "query.partition"
+            if partition == 99 and not awake["yes"]:
+                return None  # down: asked again on the next call
+            values = {} if partition is None else {"partition-id": partition}
+            return Message(RecordDict({"metrics": MetricRecord(values)}), reply_to=message)
+        return handle
+
+    # node ids 10..13 report partitions 3..0; node 14 has none in its node config
+    handlers = {10 + i: reporting(3 - i) for i in range(4)}
+    handlers |= {14: reporting(None), 15: reporting(99)}
+    grid = FakeGrid(handlers)
+    registry = NodeRegistry("Demo", timeout=0.5, fallback="ordered by node id",
+                            asks="partition")
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        order = registry.reachable(grid, list(handlers))
+    assert order == [13, 12, 11, 10, 14], "by partition id, the one without last, 15 out"
+    assert registry.histograms == {} and registry.unreachable == {15}
+    assert registry.partition_ids == {10: 3, 11: 2, 12: 1, 13: 0}
+    assert "partition-id" in registry.without[14]
+    assert any("ordered by node id" in r.getMessage() for r in caplog.records)
+    awake["yes"] = True
+    assert registry.reachable(grid, list(handlers)) == [13, 12, 11, 10, 15, 14]
+    asked = [n for _, n, _, _ in grid.pushed]
+    assert sorted(asked) == [10, 11, 12, 13, 14, 15, 15], "each asked once, 15 twice"
+    restored = NodeRegistry("Demo", timeout=0.5, asks="partition")
+    restored.restore_state(registry.checkpoint_state(), lambda n: n)
+    assert restored.known_nodes() == registry.known_nodes()
+    assert restored.order(list(handlers)) == [13, 12, 11, 10, 15, 14]
+
+
+def test_a_registry_asks_only_histograms_or_partitions() -> None:
+    with pytest.raises(ValueError, match="asks must be 'histogram' or 'partition'"):
+        NodeRegistry("Demo", timeout=1, asks="sketch")

@@ -43,9 +43,9 @@ DEFAULTS: dict[str, Callable[[], Any]] = {
 }
 # The hooks each strategy asks for, in order (none for FedAvg and FedProx).
 QUERY = {"fedgsp": ("query.histogram",), "semifl": ("query.histogram",),
-         "hierfl": ("query.histogram",), "fesem": ("query.histogram",),
+         "hierfl": ("query.histogram",), "fesem": ("query.partition",),
          "stocfl": ("query.partition", "query.sketch"),
-         "ifca": ("query.histogram", "train.ifca"), "cfl": ("query.histogram",),
+         "ifca": ("query.partition", "train.ifca"), "cfl": ("query.partition",),
          "ditto": ("train.ditto",)}
 
 
