@@ -286,18 +286,8 @@ def query_histograms(
     HistogramReplies
         Histograms, reasons for the nodes without one, reported partition ids.
     """
-    queries = [Message(content=RecordDict(), dst_node_id=n, message_type="query.histogram")
-               for n in node_ids]
-    send = collect_reply_list if hooks is None else hooks.collect
-    replies = dict(zip(node_ids, send(grid, queries, timeout), strict=True))
     out = HistogramReplies()
-    for node in node_ids:
-        reply = replies.get(node)
-        if unreachable(reply):
-            out.unreachable.add(node)
-        if reply is None:
-            out.failed[node] = f"no reply within {timeout:g}s"
-            continue
+    for node, reply in _ask(grid, node_ids, "query.histogram", timeout, hooks, out):
         problem = histogram_problem(reply, num_classes)
         if problem is None:
             hist = reply.content.array_records["histogram"]["histogram"].numpy()
@@ -325,38 +315,36 @@ def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
                      hooks: HookSupport | None = None) -> HistogramReplies:
     """Ask nodes for their partition id with ``query.partition`` (no data is shared).
 
-    Parameters
-    ----------
-    grid : Grid
-        Flower's grid.
-    node_ids : Sequence[int]
-        Nodes to ask.
-    timeout : float
-        Seconds to wait for all replies.
-    hooks : HookSupport | None
-        Sends the queries (one probe first, see :class:`HookSupport`); ``None`` asks
-        every node at once.
-
-    Returns
-    -------
-    HistogramReplies
-        The reported partition ids (no histograms), reasons for the nodes without one.
+    The parameters are those of :func:`query_histograms` but ``num_classes``; the
+    result holds partition ids and, for the other nodes, why they have none.
     """
-    queries = [Message(content=RecordDict(), dst_node_id=n, message_type="query.partition")
-               for n in node_ids]
-    send = collect_reply_list if hooks is None else hooks.collect
     out = HistogramReplies()
-    for node, reply in zip(node_ids, send(grid, queries, timeout), strict=True):
-        if unreachable(reply):
-            out.unreachable.add(node)
-        if reply is None:
-            out.failed[node] = f"no reply within {timeout:g}s"
-        elif (partition := reported_partition(reply)) is not None:
+    for node, reply in _ask(grid, node_ids, "query.partition", timeout, hooks, out):
+        if (partition := reported_partition(reply)) is not None:
             out.partition_ids[node] = partition
         else:
             out.failed[node] = (f"error reply: {error_text(reply.error.reason)}"
                                 if reply.has_error() else "no integer partition-id in the reply")
     return out
+
+
+def _ask(grid: Grid, node_ids: Sequence[int], message_type: str, timeout: float,
+         hooks: HookSupport | None, out: HistogramReplies) -> list[tuple[int, Message]]:
+    """Send an empty ``message_type`` query to each node; the nodes that replied, with
+    their replies. The others go into ``out.failed`` (and ``out.unreachable``).
+    """
+    queries = [Message(content=RecordDict(), dst_node_id=n, message_type=message_type)
+               for n in node_ids]
+    send = collect_reply_list if hooks is None else hooks.collect
+    answered = []
+    for node, reply in zip(node_ids, send(grid, queries, timeout), strict=True):
+        if unreachable(reply):
+            out.unreachable.add(node)
+        if reply is None:
+            out.failed[node] = f"no reply within {timeout:g}s"
+        else:
+            answered.append((node, reply))
+    return answered
 
 
 class NodeRegistry:
