@@ -1,7 +1,8 @@
 """End to end through Flower's simulation engine: `flwr run` and simulation.py.
 
-These start a private local SuperLink (own FLWR_HOME and port, runtime dependency
-installation off) and stop it afterwards; each run takes ~20-30 s, mostly Ray start-up.
+The module's runs share one private local SuperLink (own FLWR_HOME and port, runtime
+dependency installation off), stopped at the end; each run takes ~20-30 s, mostly Ray
+start-up.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ TINY = {"dataset": "synthetic", "partition": "natural", "min-available-nodes": 3
         "batch-size": 16, "lr": 0.1}
 
 
-@pytest.fixture
-def sim(tmp_path: Path):
-    with LocalSimulation(APP_DIR, tmp_path / "flwr-home") as local:
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory):
+    """One private SuperLink for the module's runs (each run is its own ``flwr run``)."""
+    with LocalSimulation(APP_DIR, tmp_path_factory.mktemp("flwr-home")) as local:
         yield local
     assert local.superlink_pids() == [], "the private SuperLink was not stopped"
 
