@@ -4,7 +4,8 @@ Runs every (strategy, seed) of an experiment file through Flower's simulation en
 (one ``flwr run`` per run, against a private local SuperLink), then writes a comparison
 plot and a summary table. Runs whose results folder is already complete are skipped,
 so an interrupted experiment resumes where it stopped; an interrupted run goes on from
-its last checkpoint (``resume-from``).
+its last checkpoint (``resume-from``). ``--summarize`` runs nothing and rewrites the
+plots and tables from the runs complete so far.
 
 Experiment file::
 
@@ -36,6 +37,12 @@ Experiment file::
     [strategies.central]            # the centralized baseline, trained in this process
     strategy = "centralized"        # on the pooled data of num-supernodes partitions
 
+    [paper]                         # optional: the paper's numbers as printed, for
+    source = "Table 1, N = 1200"    # python -m fedgsp_flwr.tools.paper_table
+    [paper.fedavg]                  # a strategy label: acc, acc-std (in %), loss,
+    acc = 94.96                     # loss-std, rounds (to the paper's target, or
+    acc-std = 0.11                  # "never")
+
 Output::
 
     <results>/<name>/experiment.toml           the exact experiment file
@@ -44,6 +51,7 @@ Output::
     <results>/<name>/comparison.png            accuracy per round, mean and spread
     <results>/<name>/comparison-<metric>.png   each reported metric per round
     <results>/<name>/summary.{csv,json,md}     final accuracy, rounds to target, wall time
+    <results>/<name>/paper.{csv,json}          with [paper]: ours beside the paper's, in %
     <results>/<name>/divergence.{csv,json,png} with a centralized strategy: RED and ACS
                                                per layer of each final model against it
 """
@@ -104,6 +112,11 @@ class Experiment:
         server's test set) or a client metric such as ``eval-acc``.
     report : list[str]
         More per-round metrics to summarise (last round) and plot.
+    paper : dict[str, dict[str, float | str]]
+        Label -> the paper's numbers for it, as printed (``acc`` and ``acc-std`` in %,
+        ``loss``, ``loss-std``, ``rounds``: to the paper's target, or ``"never"``).
+    paper_source : str
+        Where in the paper those numbers are.
     """
 
     name: str
@@ -116,6 +129,8 @@ class Experiment:
     timeout: float = 4 * 3600
     metric: str = "central-acc"
     report: list[str] = field(default_factory=list)
+    paper: dict[str, dict[str, float | str]] = field(default_factory=dict)
+    paper_source: str = ""
     source: str = field(default="", repr=False)
 
     @classmethod
@@ -130,9 +145,11 @@ class Experiment:
         text = Path(path).read_text()
         raw = tomllib.loads(text)
         allowed = {"name", "num-supernodes", "seeds", "run-config", "strategies",
-                   "target-accuracy", "reference", "timeout", "metric", "report"}
+                   "target-accuracy", "reference", "timeout", "metric", "report", "paper"}
         if unknown := set(raw) - allowed:
             raise ConfigError(f"{path}: unknown experiment field(s) {sorted(unknown)}")
+        paper = dict(raw.get("paper", {}))
+        paper_source = str(paper.pop("source", ""))
         try:
             exp = cls(
                 name=str(raw["name"]),
@@ -145,6 +162,8 @@ class Experiment:
                 timeout=float(raw.get("timeout", 4 * 3600)),
                 metric=str(raw.get("metric", "central-acc")),
                 report=[str(m) for m in raw.get("report", [])],
+                paper=paper_numbers(path, paper, raw.get("strategies", {})),
+                paper_source=paper_source,
                 source=text,
             )
         except KeyError as err:
@@ -183,6 +202,46 @@ class Experiment:
             "results-dir": str(root / "runs"),
             "run-name": run_name(label, seed),
         }
+
+
+PAPER_KEYS = ("acc", "acc-std", "loss", "loss-std", "rounds")
+
+
+def paper_numbers(path: str | Path, paper: Mapping[str, Any],
+                  strategies: Mapping[str, Any]) -> dict[str, dict[str, float | str]]:
+    """The ``[paper]`` tables of an experiment file, checked.
+
+    Raises
+    ------
+    ConfigError
+        For a label that is not a strategy, an unknown key, an accuracy outside
+        [0, 100] (it is in %, as papers print it), or rounds that are neither a
+        non-negative number nor ``"never"``.
+    """
+    out: dict[str, dict[str, float | str]] = {}
+    for label, values in paper.items():
+        where = f"{path}: [paper.{label}]"
+        if label not in strategies:
+            raise ConfigError(f"{where} names no strategy; the strategies are "
+                              f"{sorted(strategies)}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{where} must be a table, got {values!r}")
+        if unknown := set(values) - set(PAPER_KEYS):
+            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; the keys are "
+                              f"{', '.join(PAPER_KEYS)}")
+        numbers: dict[str, float | str] = {}
+        for key, value in values.items():
+            if key == "rounds" and value == "never":
+                numbers[key] = value
+            elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                also = ' or "never"' if key == "rounds" else ""
+                raise ConfigError(f"{where} {key} must be a number >= 0{also}, got {value!r}")
+            elif key in ("acc", "acc-std") and value > 100:
+                raise ConfigError(f"{where} {key} is in % (0-100), got {value!r}")
+            else:
+                numbers[key] = float(value)
+        out[label] = numbers
+    return out
 
 
 def run_name(label: str, seed: int) -> str:
@@ -422,6 +481,46 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def paper_rows(exp: Experiment, root: Path,
+               summary: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The summary beside the paper's numbers (``[paper]``), accuracies in % as papers
+    print them: one row per strategy with complete runs.
+
+    Columns: strategy, metric, seeds, rounds (the runs' last round), acc-mean and
+    acc-std (%, population std over seeds), loss-mean and loss-std where the runs have
+    a central loss, rounds-to-target/-reference where the experiment sets one, the
+    paper's acc, acc-std, loss and rounds (empty where it gives none), and acc-diff
+    (ours minus the paper's, in points).
+    """
+    rows = []
+    for row in summary:
+        label = row["strategy"]
+        paper = exp.paper.get(label, {})
+        runs = complete_runs(exp, root, label)
+        out: dict[str, Any] = {
+            "strategy": label, "metric": exp.metric, "seeds": row["seeds"],
+            "rounds": max((max(r["round"] for r in m["rounds"]) for m in runs), default=0),
+            "acc-mean": _percent(row["final-acc-mean"]),
+            "acc-std": _percent(row["final-acc-std"]),
+        }
+        if "final-loss-mean" in row:
+            out["loss-mean"] = round(row["final-loss-mean"], 4)
+            out["loss-std"] = round(row["final-loss-std"], 4)
+        for name in ("target", "reference"):
+            if f"rounds-to-{name}" in row:
+                out[f"rounds-to-{name}"] = row[f"rounds-to-{name}"]
+        for key in PAPER_KEYS:
+            out[f"paper-{key}"] = paper.get(key)
+        both = out["acc-mean"] is not None and out["paper-acc"] is not None
+        out["acc-diff"] = round(out["acc-mean"] - out["paper-acc"], 2) if both else None
+        rows.append(out)
+    return rows
+
+
+def _percent(value: float | None) -> float | None:
+    return None if value is None else round(100 * value, 2)
+
+
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """Render summary rows as a Markdown table."""
     if not rows:
@@ -467,6 +566,11 @@ def write_comparison(exp: Experiment, root: Path) -> None:
     write_atomic(root / "summary.json", json.dumps(rows, indent=2))
     write_atomic(root / "summary.csv", rows_to_csv(rows))
     write_atomic(root / "summary.md", markdown_table(rows))
+    if exp.paper:
+        beside = paper_rows(exp, root, rows)
+        write_atomic(root / "paper.json", json.dumps(
+            {"source": exp.paper_source, "rows": beside}, indent=2))
+        write_atomic(root / "paper.csv", rows_to_csv(beside))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -476,6 +580,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=APP_DIR / "results",
                         help="results root (default: ./results)")
     parser.add_argument("--force", action="store_true", help="re-run complete runs too")
+    parser.add_argument("--summarize", action="store_true",
+                        help="run nothing: rewrite the plots and tables from the runs "
+                             "complete so far")
     args = parser.parse_args(argv)
     # A terminated runner unwinds like Ctrl-C: its private SuperLink is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -484,7 +591,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
         parser.error(str(err))
     for exp in experiments:
-        root = run_experiment(exp, args.results, force=args.force)
+        if args.summarize:
+            root = args.results.resolve() / exp.name
+            if not (root / "runs").is_dir():
+                parser.error(f"no runs of {exp.name} in {root}: run the experiment first")
+            write_comparison(exp, root)
+        else:
+            root = run_experiment(exp, args.results, force=args.force)
         print((root / "summary.md").read_text())
         print(f"Results: {root}")
     return 0

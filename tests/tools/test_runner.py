@@ -160,3 +160,59 @@ def test_a_failed_runs_cause_is_the_last_exception_line_of_its_log(tmp_path: Pat
     assert RunOutcome("7", "finished:completed", 1.0, log).cause() == ""
     log.write_text("nothing useful\n")
     assert outcome.cause() == "finished:failed (no exception in the log)"
+
+
+def test_the_papers_numbers_are_written_beside_ours_in_percent(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, 'reference = "base"\n[paper]\nsource = "Table 1"\n'
+                               '[paper.base]\nacc = 62.5\nacc-std = 1.0\nrounds = "never"\n')
+    write_run(tmp_path, "base", 0, [0.1, 0.4, 0.6], traffic=None)
+    write_run(tmp_path, "base", 1, [0.1, 0.5, 0.7], traffic=None)
+    write_run(tmp_path, "fast", 0, [0.1, 0.7, 0.8], traffic=None)
+    simulation.write_comparison(exp, tmp_path)
+    written = json.loads((tmp_path / "paper.json").read_text())
+    assert written["source"] == "Table 1"
+    rows = {row["strategy"]: row for row in written["rows"]}
+    base, fast = rows["base"], rows["fast"]
+    assert (base["acc-mean"], base["acc-std"], base["rounds"], base["seeds"]) == (
+        65.0, 5.0, 2, 2)
+    assert base["paper-acc"] == 62.5 and base["acc-diff"] == 2.5
+    assert base["paper-rounds"] == "never" and base["paper-loss"] is None
+    assert fast["acc-mean"] == 80.0 and fast["rounds-to-reference"] == 1.0
+    assert fast["paper-acc"] is None and fast["acc-diff"] is None
+    header = (tmp_path / "paper.csv").read_text().splitlines()[0]
+    assert header.startswith("strategy,metric,seeds,rounds,acc-mean,acc-std,")
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ("[paper.other]\nacc = 50", r"\[paper.other\] names no strategy"),
+    ("[paper.base]\naccuracy = 50", r"unknown key\(s\) \['accuracy'\]"),
+    ("[paper.base]\nacc = 95.1\nacc-std = 120", "acc-std is in %"),
+    ("[paper.base]\nrounds = \"soon\"", 'rounds must be a number >= 0 or "never"'),
+    ("[paper.base]\nloss = -1", "loss must be a number >= 0, got -1"),
+])
+def test_the_papers_numbers_are_checked(tmp_path: Path, table: str, message: str) -> None:
+    with pytest.raises(simulation.ConfigError, match=message):
+        experiment(tmp_path, table)
+
+
+def test_summarize_rewrites_the_tables_and_runs_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tmp_path / "e.toml"
+    spec.write_text('name = "e"\nseeds = [0, 1]\n[strategies.base]\nstrategy = "fedavg"\n')
+    root = tmp_path / "results" / "e"
+    write_run(root, "base", 0, [0.1, 0.4, 0.6], traffic=None)  # seed 1 still to come
+    monkeypatch.setattr(simulation, "run_experiment", lambda *a, **k: pytest.fail("ran"))
+    assert simulation.main([str(spec), "--results", str(tmp_path / "results"),
+                            "--summarize"]) == 0
+    rows = json.loads((root / "summary.json").read_text())
+    assert [(r["strategy"], r["seeds"], r["final-acc-mean"]) for r in rows] == [
+        ("base", 1, 0.6)]
+    with pytest.raises(SystemExit):
+        simulation.main([str(spec), "--results", str(tmp_path / "none"), "--summarize"])
+
+
+@pytest.mark.parametrize("path", sorted((Path(simulation.APP_DIR) / "experiments").glob("*.toml")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_experiment_file_is_valid(path: Path) -> None:
+    exp = simulation.Experiment.load(path)  # checks every run's config, and [paper]
+    assert exp.runs() and exp.name
