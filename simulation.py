@@ -37,8 +37,8 @@ Experiment file::
     [strategies.central]            # the centralized baseline, trained in this process
     strategy = "centralized"        # on the pooled data of num-supernodes partitions
 
-    [paper]                         # optional: the paper's numbers as printed, for
-    source = "Table 1, N = 1200"    # python -m fedgsp_flwr.tools.paper_table
+    [paper]                         # optional: the paper's numbers as printed, put
+    source = "Table 1, N = 1200"    # beside ours in paper.{csv,json}
     [paper.fedavg]                  # a strategy label: acc, acc-std (in %), loss,
     acc = 94.96                     # loss-std, rounds (to the paper's target, or
     acc-std = 0.11                  # "never")
@@ -148,6 +148,8 @@ class Experiment:
                    "target-accuracy", "reference", "timeout", "metric", "report", "paper"}
         if unknown := set(raw) - allowed:
             raise ConfigError(f"{path}: unknown experiment field(s) {sorted(unknown)}")
+        if not isinstance(raw.get("paper", {}), dict):
+            raise ConfigError(f"{path}: [paper] must be a table of strategy labels")
         paper = dict(raw.get("paper", {}))
         paper_source = str(paper.pop("source", ""))
         try:
