@@ -32,7 +32,7 @@ from ..core.clustering import agreement_scores
 from ..core.sampling import sample_share
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
-from .nodes import NodeRegistry, collect_reply_list, node_label
+from .nodes import PARTITION_FALLBACK, NodeRegistry, collect_reply_list, node_label
 from .replies import reply_problem
 from .state import (
     NodeMap,
@@ -193,8 +193,7 @@ class CFL(ServerSideRound):
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.known: NodeRegistry = NodeRegistry(
-            "CFL", query_timeout, "nodes are ordered by node id (no partition ids: the "
-            "order differs from run to run and no ARI is reported)", asks="partition")
+            "CFL", query_timeout, PARTITION_FALLBACK, asks="partition")
         self.leaves: dict[int, Model] = {}  # cluster (leaf of the tree) -> its model
         self.splits: dict[int, SplitNode] = {}  # inner nodes of the tree
         self.position: dict[int, int] = {}  # node -> its tree node (absent: ROOT)

@@ -20,7 +20,7 @@ from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_mov
 from ..core.sampling import sample_share
 from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
 from .metrics import reply_metrics
-from .nodes import NodeRegistry, collect_reply_list, node_label
+from .nodes import PARTITION_FALLBACK, NodeRegistry, collect_reply_list, node_label
 from .replies import reply_problem
 from .state import (
     NodeMap,
@@ -128,8 +128,7 @@ class FeSEM(ServerSideRound):
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.known: NodeRegistry = NodeRegistry(
-            "FeSEM", query_timeout, "nodes are ordered by node id (no partition ids: the "
-            "order differs from run to run and no ARI is reported)", asks="partition")
+            "FeSEM", query_timeout, PARTITION_FALLBACK, asks="partition")
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
         self._eval_centre: dict[int, int] = {}  # node -> centre it was evaluated with
         self.layout: Layout | None = None

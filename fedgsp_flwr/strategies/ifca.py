@@ -34,7 +34,14 @@ from ..core.ifca import (
 from ..core.sampling import sample_share
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
-from .nodes import HookSupport, NodeRegistry, collect_reply_list, missing_handler, node_label
+from .nodes import (
+    PARTITION_FALLBACK,
+    HookSupport,
+    NodeRegistry,
+    collect_reply_list,
+    missing_handler,
+    node_label,
+)
 from .replies import arrays_problem, error_text, reply_problem
 from .state import (
     NodeMap,
@@ -186,8 +193,7 @@ class IFCA(ServerSideRound):
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.known: NodeRegistry = NodeRegistry(
-            "IFCA", query_timeout, "nodes are ordered by node id (no partition ids: the "
-            "order differs from run to run and no ARI is reported)", asks="partition")
+            "IFCA", query_timeout, PARTITION_FALLBACK, asks="partition")
         self.hooks = HookSupport("IFCA", {MESSAGE_TYPE: FALLBACK})
         self.models: list[ArrayRecord] = []
         self.head: list[str] | None = None

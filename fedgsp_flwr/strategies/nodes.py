@@ -21,6 +21,9 @@ from .replies import error_text
 from .state import NodeMap, StrategyState, from_pairs, pairs, stack_rows
 
 MAX_HISTOGRAM_COUNT = 10**9
+# What IFCA, CFL and FeSEM do for nodes that state no partition id (asks="partition").
+PARTITION_FALLBACK = ("nodes are ordered by node id (no partition ids: the order differs "
+                      "from run to run and no ARI is reported)")
 # Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
 UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
