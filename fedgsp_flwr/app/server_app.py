@@ -19,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from ..core.cost import CostModel, round_cost
 from ..models import build_model, parameter_count, resolve_model_name, training_flops
 from ..strategies import FedAvg
-from ..strategies.nodes import query_histograms
+from ..strategies.nodes import query_partitions
 from ..strategies.state import record_arrays, to_record
 from ..threads import server_work
 from .checkpoint import (
@@ -286,12 +286,13 @@ def resumable_checkpoint(cfg: RunConfig) -> Checkpoint:
 
 def resume(strategy: FedAvg, checkpoint: Checkpoint, grid: Grid, cfg: RunConfig) -> FedAvg:
     """Restore ``strategy``'s state: nodes that reported a partition id in the
-    interrupted run are found again by asking the connected nodes theirs.
+    interrupted run are found again by asking the connected nodes theirs
+    (``query.partition``: no data is shared).
     """
     current: dict[int, int] = {}
     if checkpoint.partitions:
         nodes = sorted(grid.get_node_ids())
-        current = query_histograms(grid, nodes, cfg.query_timeout).partition_ids
+        current = query_partitions(grid, nodes, cfg.query_timeout).partition_ids
     strategy.restore_state(checkpoint.strategy, node_map(checkpoint.partitions, current))
     log(INFO, "Resuming after round %d of %d: %d of %d known nodes found again",
         checkpoint.round, cfg.num_server_rounds,

@@ -36,6 +36,7 @@ from .nodes import (
     HookSupport,
     collect_reply_list,
     node_label,
+    query_partitions,
     reported_partition,
     unreachable,
     vector_problem,
@@ -421,11 +422,8 @@ class StoCFL(ServerSideRound):
         self._asked.update(new)
         if not new:
             return
-        messages = [Message(RecordDict(), dst_node_id=n, message_type=PARTITION) for n in new]
-        for node, reply in zip(new, self.hooks.collect(grid, messages, self.query_timeout),
-                               strict=True):
-            if reply is not None and (partition := reported_partition(reply)) is not None:
-                self.partition_ids[node] = partition
+        replies = query_partitions(grid, new, self.query_timeout, self.hooks)
+        self.partition_ids.update(replies.partition_ids)
 
     def sample_train(self, connected: Sequence[int]) -> list[int]:
         """Draw the hold-out of newly connected nodes, then sample the training nodes

@@ -34,14 +34,22 @@ STRATEGIES = {
 }
 
 
-def grid_of(cfg: RunConfig, node_ids: list[int]) -> FakeGrid:
-    """Nodes running the app's ClientApp; node i holds partition i."""
+def grid_of(cfg: RunConfig, node_ids: list[int], received: list[str] | None = None
+            ) -> FakeGrid:
+    """Nodes running the app's ClientApp; node i holds partition i. The message types
+    they receive are appended to ``received``.
+    """
     handlers = {}
     for partition, node in enumerate(node_ids):
         context = Context(run_id=1, node_id=node, state=RecordDict(),
                           node_config={"partition-id": partition, "num-partitions": NODES},
                           run_config=cfg.to_mapping())
-        handlers[node] = lambda message, c=context: client_app.app(message, c)
+
+        def handle(message, c=context):
+            if received is not None:
+                received.append(message.metadata.message_type)
+            return client_app.app(message, c)
+        handlers[node] = handle
     return FakeGrid(handlers)
 
 
@@ -76,8 +84,15 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path: Path,
     assert load_checkpoint(part).round == 2
     restarted_ids = [901, 902, 903, 904]  # other node ids: found again by partition id
     resumed_cfg = config(tmp_path, strategy, 3, "ignored", **{"resume-from": str(part)})
-    resumed = server_app.run(grid_of(resumed_cfg, restarted_ids), resumed_cfg)
+    received: list[str] = []
+    resumed = server_app.run(grid_of(resumed_cfg, restarted_ids, received), resumed_cfg)
     assert resumed == part, "a resumed run writes into the folder it resumes"
+    # the nodes are found again by partition id alone: a strategy that never needed a
+    # class histogram (StoCFL, FeSEM) asks for none on resume either
+    if load_checkpoint(part).partitions:
+        assert received[:NODES] == ["query.partition"] * NODES
+    if strategy in ("fedavg", "stocfl", "fesem", "fedadam", "fedfusion"):
+        assert "query.histogram" not in received
     # the global model, and the cluster/centre models of the strategies that have them
     for name in ("model.npz", "cluster-models.npz", "centres.npz"):
         if (full / name).exists():
