@@ -428,8 +428,8 @@ def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float]:
 
 
 def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
-    """One summary row per strategy: final accuracy (the experiment's metric) and central
-    loss (where the runs have one), rounds
+    """One summary row per strategy: seeds, rounds run (the runs' last round), final
+    accuracy (the experiment's metric) and central loss (where the runs have one), rounds
     to the target and to the reference's final accuracy (with the cost model's time and
     traffic and the bytes moved until then), the reported metrics at the last round,
     model bytes moved in training, wall time.
@@ -451,6 +451,7 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "strategy": label,
             "seeds": len(runs),
+            "rounds": max(max(r["round"] for r in m["rounds"]) for m in runs),
             "final-acc-mean": float(np.mean(finals)) if finals else None,
             "final-acc-std": float(np.std(finals)) if finals else None,
         }
@@ -483,7 +484,7 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def paper_rows(exp: Experiment, root: Path,
+def paper_rows(exp: Experiment,
                summary: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The summary beside the paper's numbers (``[paper]``), accuracies in % as papers
     print them: one row per strategy with complete runs.
@@ -498,10 +499,9 @@ def paper_rows(exp: Experiment, root: Path,
     for row in summary:
         label = row["strategy"]
         paper = exp.paper.get(label, {})
-        runs = complete_runs(exp, root, label)
         out: dict[str, Any] = {
             "strategy": label, "metric": exp.metric, "seeds": row["seeds"],
-            "rounds": max((max(r["round"] for r in m["rounds"]) for m in runs), default=0),
+            "rounds": row["rounds"],
             "acc-mean": _percent(row["final-acc-mean"]),
             "acc-std": _percent(row["final-acc-std"]),
         }
@@ -569,7 +569,7 @@ def write_comparison(exp: Experiment, root: Path) -> None:
     write_atomic(root / "summary.csv", rows_to_csv(rows))
     write_atomic(root / "summary.md", markdown_table(rows))
     if exp.paper:
-        beside = paper_rows(exp, root, rows)
+        beside = paper_rows(exp, rows)
         write_atomic(root / "paper.json", json.dumps(
             {"source": exp.paper_source, "rows": beside}, indent=2))
         write_atomic(root / "paper.csv", rows_to_csv(beside))

@@ -205,8 +205,8 @@ def test_summarize_rewrites_the_tables_and_runs_nothing(
     assert simulation.main([str(spec), "--results", str(tmp_path / "results"),
                             "--summarize"]) == 0
     rows = json.loads((root / "summary.json").read_text())
-    assert [(r["strategy"], r["seeds"], r["final-acc-mean"]) for r in rows] == [
-        ("base", 1, 0.6)]
+    assert [(r["strategy"], r["seeds"], r["rounds"], r["final-acc-mean"]) for r in rows] == [
+        ("base", 1, 2, 0.6)]
     with pytest.raises(SystemExit):
         simulation.main([str(spec), "--results", str(tmp_path / "none"), "--summarize"])
 
