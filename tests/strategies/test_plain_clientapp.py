@@ -246,12 +246,13 @@ def test_replies_with_other_metric_names_are_aggregated_not_rejected() -> None:
 
 def test_start_timeout_bounds_the_replies_a_strategy_waits_for() -> None:
     grid = grid_of(plain_clientapp.make_app)
-    grid.delays = {0: 3.0}
+    grid.delays = {0: 6.0}
     strategy = SemiFL()  # one chain through all six nodes, node 0 first
-    result = strategy.start(grid, initial(), num_rounds=1, timeout=0.5,
+    # 3 s: the live hops train in time on a loaded machine too
+    result = strategy.start(grid, initial(), num_rounds=1, timeout=3.0,
                             train_config=ConfigRecord({"lr": LR}))
     assert strategy.history[1]["skipped-nodes"] == 1
-    assert strategy.last_chains[0].hops[0].reason == "no reply within 0.5s"
+    assert strategy.last_chains[0].hops[0].reason == "no reply within 3s"
     assert list(result.arrays.keys()) == list(initial().keys())
 
 
@@ -307,7 +308,7 @@ def test_stocfl_asks_a_silent_plain_node_back_with_an_evaluation() -> None:
         return inner(message)
 
     grid.handlers[0] = silent_once
-    strategy = StoCFL(train_timeout=0.5)
+    strategy = StoCFL(train_timeout=5.0)  # the live nodes train in time under load too
     run_rounds(strategy, grid, initial(), 2, lr=LR)
     to_node_0 = [kind for _, node, kind, _ in grid.pushed if node == 0]
     # Round 1: the partition and sketch probes (no handlers), the missed training, no
