@@ -20,6 +20,8 @@ Experiment file::
                                     # central-acc; eval-acc = clients on their models)
     report = ["ari", "num-clusters"]  # optional: more per-round metrics, summarised at
                                     # the last round and plotted per round
+    report-rounds = [5, 10, 25]     # optional: the summary also gives the accuracy
+                                    # (mean, std over seeds) at these rounds
 
     [run-config]                    # shared by every run (keys of pyproject's config)
     dataset = "mnist"
@@ -112,6 +114,9 @@ class Experiment:
         server's test set) or a client metric such as ``eval-acc``.
     report : list[str]
         More per-round metrics to summarise (last round) and plot.
+    report_rounds : list[int]
+        Rounds at which the summary also gives the accuracy (mean and std over seeds),
+        for tables that follow a run's course (e.g. rounds 5, 10, 25, 50).
     paper : dict[str, dict[str, float | str]]
         Label -> the paper's numbers for it, as printed (``acc`` and ``acc-std`` in %,
         ``loss``, ``loss-std``, ``rounds``: to the paper's target, or ``"never"``).
@@ -129,6 +134,7 @@ class Experiment:
     timeout: float = 4 * 3600
     metric: str = "central-acc"
     report: list[str] = field(default_factory=list)
+    report_rounds: list[int] = field(default_factory=list)
     paper: dict[str, dict[str, float | str]] = field(default_factory=dict)
     paper_source: str = ""
     source: str = field(default="", repr=False)
@@ -145,7 +151,8 @@ class Experiment:
         text = Path(path).read_text()
         raw = tomllib.loads(text)
         allowed = {"name", "num-supernodes", "seeds", "run-config", "strategies",
-                   "target-accuracy", "reference", "timeout", "metric", "report", "paper"}
+                   "target-accuracy", "reference", "timeout", "metric", "report",
+                   "report-rounds", "paper"}
         if unknown := set(raw) - allowed:
             raise ConfigError(f"{path}: unknown experiment field(s) {sorted(unknown)}")
         if not isinstance(raw.get("paper", {}), dict):
@@ -164,6 +171,7 @@ class Experiment:
                 timeout=float(raw.get("timeout", 4 * 3600)),
                 metric=str(raw.get("metric", "central-acc")),
                 report=[str(m) for m in raw.get("report", [])],
+                report_rounds=report_rounds(path, raw.get("report-rounds", [])),
                 paper=paper_numbers(path, paper, raw.get("strategies", {})),
                 paper_source=paper_source,
                 source=text,
@@ -204,6 +212,15 @@ class Experiment:
             "results-dir": str(root / "runs"),
             "run-name": run_name(label, seed),
         }
+
+
+def report_rounds(path: str | Path, value: Any) -> list[int]:
+    """The ``report-rounds`` of an experiment file: positive round numbers, sorted."""
+    if not (isinstance(value, list) and all(
+            isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in value)):
+        raise ConfigError(f"{path}: report-rounds must be a list of positive round "
+                          f"numbers such as [5, 10, 25, 50], not {value!r}")
+    return sorted(set(value))
 
 
 PAPER_KEYS = ("acc", "acc-std", "loss", "loss-std", "rounds")
@@ -455,6 +472,11 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             "final-acc-mean": float(np.mean(finals)) if finals else None,
             "final-acc-std": float(np.std(finals)) if finals else None,
         }
+        for at in exp.report_rounds:  # None unless every seed has the round
+            values = [dict(zip(*series(m, exp.metric), strict=True)).get(at) for m in runs]
+            ok = all(v is not None for v in values)
+            row[f"acc-r{at}-mean"] = float(np.mean(values)) if ok else None
+            row[f"acc-r{at}-std"] = float(np.std(values)) if ok else None
         losses = [v for m in runs if (v := final(m, LOSS_METRIC)) is not None]
         if losses:  # the central loss (FedGSP's Table 1 and Fig. 4 report it)
             row["final-loss-mean"] = float(np.mean(losses))

@@ -68,6 +68,25 @@ def test_the_final_central_loss_is_summarised_beside_the_accuracy(tmp_path: Path
     assert row["final-loss-std"] == pytest.approx(0.1)
 
 
+def test_the_accuracy_at_the_report_rounds_is_summarised_over_seeds(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, "report-rounds = [3, 1]")
+    write_run(tmp_path, "base", 0, [0.1, 0.4, 0.6, 0.7], traffic=None)
+    write_run(tmp_path, "base", 1, [0.1, 0.6, 0.6, 0.5], traffic=None)
+    write_run(tmp_path, "fast", 0, [0.1, 0.7, 0.8], traffic=None)  # no round 3
+    write_run(tmp_path, "fast", 1, [0.1, 0.5, 0.65, 0.8], traffic=None)
+    rows = {row["strategy"]: row for row in simulation.summarize(exp, tmp_path)}
+    base = rows["base"]
+    assert [k for k in base if k.startswith("acc-r")] == [
+        "acc-r1-mean", "acc-r1-std", "acc-r3-mean", "acc-r3-std"]
+    assert (base["acc-r1-mean"], base["acc-r1-std"]) == (pytest.approx(0.5), pytest.approx(0.1))
+    assert (base["acc-r3-mean"], base["acc-r3-std"]) == (pytest.approx(0.6), pytest.approx(0.1))
+    assert rows["fast"]["acc-r1-mean"] == pytest.approx(0.6)
+    assert rows["fast"]["acc-r3-mean"] is None  # seed 0 has no round 3
+    for bad in ("[0]", '["5"]', "5"):
+        with pytest.raises(simulation.ConfigError, match="report-rounds"):
+            experiment(tmp_path, f"report-rounds = {bad}")
+
+
 def test_a_seed_that_never_reaches_the_reference_is_counted(tmp_path: Path) -> None:
     exp = experiment(tmp_path, 'reference = "base"')
     write_run(tmp_path, "base", 0, [0.1, 0.9], traffic=None)
