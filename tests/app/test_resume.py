@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Message, RecordDict
 
 from fakegrid import FakeGrid
 from fedgsp_flwr.app import client_app, server_app
@@ -45,7 +45,7 @@ def grid_of(cfg: RunConfig, node_ids: list[int], received: list[str] | None = No
                           node_config={"partition-id": partition, "num-partitions": NODES},
                           run_config=cfg.to_mapping())
 
-        def handle(message, c=context):
+        def handle(message: Message, c: Context = context) -> Message:
             if received is not None:
                 received.append(message.metadata.message_type)
             return client_app.app(message, c)
