@@ -472,8 +472,9 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             "final-acc-mean": float(np.mean(finals)) if finals else None,
             "final-acc-std": float(np.std(finals)) if finals else None,
         }
+        courses = [dict(zip(*series(m, exp.metric), strict=True)) for m in runs]
         for at in exp.report_rounds:  # None unless every seed has the round
-            values = [dict(zip(*series(m, exp.metric), strict=True)).get(at) for m in runs]
+            values = [course.get(at) for course in courses]
             ok = all(v is not None for v in values)
             row[f"acc-r{at}-mean"] = float(np.mean(values)) if ok else None
             row[f"acc-r{at}-std"] = float(np.std(values)) if ok else None
