@@ -152,10 +152,16 @@ class ReceiptWatcher:
         return self.order
 
 
+# A live node's reply can take over 20 s here when three ClientApp processes start at
+# once (round 3 of the killed-node runs): their train-timeout.
+LIVE_REPLY_TIMEOUT = 45.0
+
+
 def crash_and_return(fed: LocalFederation, run_config: dict[str, Any], folder: Path,
                      message_type: str, nth: int) -> tuple[list[dict[str, Any]], str, str]:
-    """Run three rounds; SIGKILL the ``nth`` node to receive ``message_type`` (while it
-    works on it), restart it once round 1 is over (a new process and node id).
+    """Run three rounds (``train-timeout`` LIVE_REPLY_TIMEOUT); SIGKILL the ``nth`` node
+    to receive ``message_type`` (while it works on it), restart it once round 1 is over
+    (a new process and node id).
 
     Returns
     -------
@@ -166,7 +172,8 @@ def crash_and_return(fed: LocalFederation, run_config: dict[str, Any], folder: P
         fed.add_node(config)
     fed.wait_for_nodes(3)
     wait = run_in_background(
-        fed, {**TINY, **run_config, "num-server-rounds": 3, "min-available-nodes": 2,
+        fed, {**TINY, "train-timeout": LIVE_REPLY_TIMEOUT, **run_config,
+              "num-server-rounds": 3, "min-available-nodes": 2,
               "results-dir": str(folder), "run-name": "fault"},
         folder / "fault.log", timeout=480)
     watcher = ReceiptWatcher(fed, message_type)
@@ -187,11 +194,9 @@ def crash_and_return(fed: LocalFederation, run_config: dict[str, Any], folder: P
 def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
         tmp_path: Path) -> None:
     with LocalFederation(APP_DIR, tmp_path / "fed") as fed:
-        # Round 1 is one chain over the three nodes: the second hop's node dies. A live
-        # hop can take 20 s here when three ClientApp processes start at once (round 3).
+        # Round 1 is one chain over the three nodes: the second hop's node dies.
         rounds, log, victim_log = crash_and_return(
-            fed, {"strategy": "fedgsp", "fedgsp-kappa": 1.0,
-                  "train-timeout": 45.0, "query-timeout": 20.0},
+            fed, {"strategy": "fedgsp", "fedgsp-kappa": 1.0, "query-timeout": 20.0},
             tmp_path / "results", "train", nth=1)
     # Round 1: the lost hop is skipped and the first hop's model goes on to the third.
     assert rounds[1]["hops"] == 3 and rounds[1]["skipped-nodes"] == 1
@@ -209,9 +214,8 @@ def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
 def test_a_node_killed_mid_stocfl_round_is_skipped_and_a_returning_node_rejoins(
         tmp_path: Path) -> None:
     with LocalFederation(APP_DIR, tmp_path / "fed") as fed:
-        # Three ClientApp processes at once (round 3) can take over 20 s here.
         rounds, log, victim_log = crash_and_return(
-            fed, {"strategy": "stocfl", "train-timeout": 45.0, "query-timeout": 30.0},
+            fed, {"strategy": "stocfl", "query-timeout": 30.0},
             tmp_path / "results", "train.bilevel", nth=0)
     # Round 1 completes with the two other replies within the round's timeout.
     assert rounds[1]["train-replies"] == 2 and rounds[1]["train-rejected"] == 1
