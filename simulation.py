@@ -22,6 +22,8 @@ Experiment file::
                                     # the last round and plotted per round
     report-rounds = [5, 10, 25]     # optional: the summary also gives the accuracy
                                     # (mean, std over seeds) at these rounds
+    final-rounds = 5                # optional: a run's final accuracy is the mean over
+                                    # its last 5 rounds (default 1: the last round)
 
     [run-config]                    # shared by every run (keys of pyproject's config)
     dataset = "mnist"
@@ -85,6 +87,7 @@ from fedgsp_flwr.tools.launcher import LocalSimulation
 
 APP_DIR = Path(__file__).resolve().parent
 LOSS_METRIC = "central-loss"
+CLIENT_STATE = "client-state"  # a run folder's client-state-dir (Ditto's personal models)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ class Experiment:
     report_rounds : list[int]
         Rounds at which the summary also gives the accuracy (mean and std over seeds),
         for tables that follow a run's course (e.g. rounds 5, 10, 25, 50).
+    final_rounds : int
+        A run's final accuracy is the mean of ``metric`` over its last this many
+        rounds (1: the last round). More than 1 averages out the draw of the clients
+        that a client metric such as ``eval-acc`` scores in a round.
     paper : dict[str, dict[str, float | str]]
         Label -> the paper's numbers for it, as printed (``acc`` and ``acc-std`` in %,
         ``loss``, ``loss-std``, ``rounds``: to the paper's target, or ``"never"``).
@@ -135,6 +142,7 @@ class Experiment:
     metric: str = "central-acc"
     report: list[str] = field(default_factory=list)
     report_rounds: list[int] = field(default_factory=list)
+    final_rounds: int = 1
     paper: dict[str, dict[str, float | str]] = field(default_factory=dict)
     paper_source: str = ""
     source: str = field(default="", repr=False)
@@ -152,7 +160,7 @@ class Experiment:
         raw = tomllib.loads(text)
         allowed = {"name", "num-supernodes", "seeds", "run-config", "strategies",
                    "target-accuracy", "reference", "timeout", "metric", "report",
-                   "report-rounds", "paper"}
+                   "report-rounds", "final-rounds", "paper"}
         if unknown := set(raw) - allowed:
             raise ConfigError(f"{path}: unknown experiment field(s) {sorted(unknown)}")
         if not isinstance(raw.get("paper", {}), dict):
@@ -172,6 +180,7 @@ class Experiment:
                 metric=str(raw.get("metric", "central-acc")),
                 report=[str(m) for m in raw.get("report", [])],
                 report_rounds=report_rounds(path, raw.get("report-rounds", [])),
+                final_rounds=final_rounds(path, raw.get("final-rounds", 1)),
                 paper=paper_numbers(path, paper, raw.get("strategies", {})),
                 paper_source=paper_source,
                 source=text,
@@ -211,6 +220,7 @@ class Experiment:
             "seed": seed,
             "results-dir": str(root / "runs"),
             "run-name": run_name(label, seed),
+            "client-state-dir": str(root / "runs" / run_name(label, seed) / CLIENT_STATE),
         }
 
 
@@ -221,6 +231,14 @@ def report_rounds(path: str | Path, value: Any) -> list[int]:
         raise ConfigError(f"{path}: report-rounds must be a list of positive round "
                           f"numbers such as [5, 10, 25, 50], not {value!r}")
     return sorted(set(value))
+
+
+def final_rounds(path: str | Path, value: Any) -> int:
+    """The ``final-rounds`` of an experiment file: a positive number of rounds."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{path}: final-rounds must be a positive number of rounds "
+                          f"(1: the last round), not {value!r}")
+    return value
 
 
 PAPER_KEYS = ("acc", "acc-std", "loss", "loss-std", "rounds")
@@ -266,6 +284,14 @@ def paper_numbers(path: str | Path, paper: Mapping[str, Any],
 def run_name(label: str, seed: int) -> str:
     """Results-folder name of one run."""
     return f"{label}-seed{seed}"
+
+
+def clear_client_state(folder: Path) -> None:
+    """Delete a complete run's client state (Ditto's personal models: GBs at N = 1,200);
+    an interrupted run keeps it for its resumption.
+    """
+    if is_complete(folder):
+        shutil.rmtree(folder / CLIENT_STATE, ignore_errors=True)
 
 
 def resumable(folder: Path, rounds: int) -> bool:
@@ -316,6 +342,7 @@ def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
                     log_path=root / "logs" / f"{run_name(label, seed)}.log",
                     timeout=exp.timeout,
                 )
+                clear_client_state(folder)
                 if not outcome.ok:
                     failures.append(f"{run_name(label, seed)}: {outcome.status}: "
                                     f"{outcome.cause()} (log: {outcome.log_path})")
@@ -446,7 +473,8 @@ def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float]:
 
 def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     """One summary row per strategy: seeds, rounds run (the runs' last round), final
-    accuracy (the experiment's metric) and central loss (where the runs have one), rounds
+    accuracy (the experiment's metric, averaged over its last ``final-rounds`` rounds)
+    and central loss (where the runs have one), rounds
     to the target and to the reference's final accuracy (with the cost model's time and
     traffic and the bytes moved until then), the reported metrics at the last round,
     model bytes moved in training, wall time.
@@ -454,21 +482,25 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     done = {label: runs for label in exp.strategies
             if (runs := complete_runs(exp, root, label))}
 
-    def final(metrics: Mapping[str, Any], key: str) -> float | None:
+    def final(metrics: Mapping[str, Any], key: str, last: int = 1) -> float | None:
         values = series(metrics, key)[1]
-        return values[-1] if values else None
+        return float(np.mean(values[-last:])) if values else None
+
+    def final_acc(metrics: Mapping[str, Any]) -> float | None:
+        return final(metrics, exp.metric, exp.final_rounds)
 
     reference = None
     if exp.reference in done:
-        ref = [v for m in done[exp.reference] if (v := final(m, exp.metric)) is not None]
+        ref = [v for m in done[exp.reference] if (v := final_acc(m)) is not None]
         reference = float(np.mean(ref)) if ref else None
     rows = []
     for label, runs in done.items():
-        finals = [v for m in runs if (v := final(m, exp.metric)) is not None]
+        finals = [v for m in runs if (v := final_acc(m)) is not None]
         row: dict[str, Any] = {
             "strategy": label,
             "seeds": len(runs),
             "rounds": max(max(r["round"] for r in m["rounds"]) for m in runs),
+            "final-rounds": exp.final_rounds,
             "final-acc-mean": float(np.mean(finals)) if finals else None,
             "final-acc-std": float(np.std(finals)) if finals else None,
         }
@@ -512,8 +544,9 @@ def paper_rows(exp: Experiment,
     """The summary beside the paper's numbers (``[paper]``), accuracies in % as papers
     print them: one row per strategy with complete runs.
 
-    Columns: strategy, metric, seeds, rounds (the runs' last round), acc-mean and
-    acc-std (%, population std over seeds), loss-mean and loss-std where the runs have
+    Columns: strategy, metric, seeds, rounds (the runs' last round), final-rounds (the
+    accuracy's mean over the runs' last rounds), acc-mean and acc-std (%, population
+    std over seeds), loss-mean and loss-std where the runs have
     a central loss, rounds-to-target/-reference where the experiment sets one, the
     paper's acc, acc-std, loss and rounds (empty where it gives none), and acc-diff
     (ours minus the paper's, in points).
@@ -524,7 +557,7 @@ def paper_rows(exp: Experiment,
         paper = exp.paper.get(label, {})
         out: dict[str, Any] = {
             "strategy": label, "metric": exp.metric, "seeds": row["seeds"],
-            "rounds": row["rounds"],
+            "rounds": row["rounds"], "final-rounds": row["final-rounds"],
             "acc-mean": _percent(row["final-acc-mean"]),
             "acc-std": _percent(row["final-acc-std"]),
         }

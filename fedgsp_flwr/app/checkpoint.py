@@ -9,7 +9,7 @@ run from the last complete round of that folder and continues writing into it.
 
 Node ids change from run to run (the simulation engine draws them; a restarted
 SuperNode gets a new one). A checkpoint therefore keeps each node's reported
-``partition-id``; on resume the nodes are asked again (``query.histogram``) and the
+``partition-id``; on resume the nodes are asked again (``query.partition``) and the
 state of an old node is handed to the new node of the same partition. Strategies save
 and restore their state through ``checkpoint_state`` and ``restore_state``
 (:class:`~fedgsp_flwr.strategies.FedAvg` and its subclasses).
@@ -48,7 +48,7 @@ META_KEY = "__meta__"
 # Run-config keys a resumed run may change; every other key must match the checkpoint's.
 RESUMABLE_CHANGES = frozenset({
     "num-server-rounds", "results-dir", "run-name", "resume-from", "train-timeout",
-    "query-timeout", "relay-poll", "data-dir",
+    "query-timeout", "relay-poll", "data-dir", "client-state-dir",
 })
 
 

@@ -72,6 +72,11 @@ def make_model(context: Context, data: ClientData) -> torch.nn.Module:
     return build_model(cfg.model, data.x_train.shape[1:], data.num_classes, cfg.seed)
 
 
-HOOKS = ClientHooks(load_data=load_data, build_model=make_model)
+def state_dir(context: Context) -> str | None:
+    """The run config's ``client-state-dir`` (None when empty)."""
+    return run_config(context).client_state_dir or None
+
+
+HOOKS = ClientHooks(load_data=load_data, build_model=make_model, state_dir=state_dir)
 
 app = register_hooks(ClientApp(mods=[threads_mod]), HOOKS, handlers=HANDLERS)

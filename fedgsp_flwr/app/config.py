@@ -339,6 +339,9 @@ class RunConfig:
     resume_from: str = _setting(
         "", "results folder of an interrupted run: continue it from its last complete "
         "round ('' = a new run)")
+    client_state_dir: str = _setting(
+        "", "node-local folder where clients keep state that must survive a resumed run "
+        "(Ditto's personal models; '' = the node state only)")
 
     @classmethod
     def keys(cls) -> list[str]:

@@ -2,7 +2,10 @@
 Beirami, Smith, ICML 2021, Algorithm 1).
 
 The node keeps a personal model v in its node state (``context.state``, ArrayRecord
-:data:`PERSONAL_KEY`). It never leaves the node.
+:data:`PERSONAL_KEY`), or, when the app's hooks name a node-local state directory
+(:attr:`ClientHooks.state_dir <fedgsp_flwr.clients.ClientHooks.state_dir>`), in a file
+there (:class:`PersonalStore`), so that it outlives the run: a resumed run is a new
+Flower run with a new node state. It never leaves the node.
 
 ``train.ditto``
     in: ``arrays`` (the global model w^t) and ``config`` (the training settings of
@@ -25,15 +28,19 @@ Any ClientApp can register them next to its own handlers::
     app.evaluate("ditto")(make_ditto_evaluate_handler(hooks))
 
 The node state lives as long as the node's Context: the run in simulation; the
-SuperNode process in deployment (a restarted SuperNode starts again from w).
+SuperNode process in deployment (a restarted SuperNode starts again from w). A state
+directory keeps v across runs and restarts.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
@@ -56,6 +63,107 @@ if TYPE_CHECKING:
 
 PERSONAL_KEY = "ditto-personal"
 """The node state's ArrayRecord holding the personal model."""
+
+StateDict = Mapping[str, Any]
+
+
+class PersonalStore:
+    """A node's personal models on disk, by the server round that trained them.
+
+    ``<directory>/ditto-<node>-r<round>.pt`` (``<node>``: ``partition-<id>`` when the
+    node config has a ``partition-id``, else ``node-<id>``). Saving round t keeps the
+    newest earlier version beside it and deletes the others: a run interrupted in round
+    t after this node trained, and resumed from the checkpoint of round t - 1, trains
+    round t again from the version before t, bit for bit as the uninterrupted run did.
+
+    Parameters
+    ----------
+    directory : str | Path
+        The node-local directory (created on the first save).
+    node : str
+        The node's name in the file names.
+    """
+
+    def __init__(self, directory: str | Path, node: str) -> None:
+        self.directory, self.node = Path(directory), node
+        self._pattern = re.compile(rf"ditto-{re.escape(node)}-r(\d+)\.pt")
+
+    @classmethod
+    def of(cls, directory: str | Path, context: Context) -> PersonalStore:
+        """The store of the context's node in ``directory``."""
+        partition = context.node_config.get("partition-id")
+        node = f"node-{context.node_id}" if partition is None else f"partition-{partition}"
+        return cls(directory, node)
+
+    def versions(self) -> dict[int, Path]:
+        """The stored versions, by round."""
+        if not self.directory.is_dir():
+            return {}
+        found = (self._pattern.fullmatch(p.name) for p in self.directory.iterdir())
+        return {int(m.group(1)): self.directory / m.group(0) for m in found if m}
+
+    def load(self, before: int) -> StateDict | None:
+        """The newest personal model trained in a round before ``before``, if any."""
+        import torch
+
+        versions = self.versions()
+        earlier = [r for r in versions if r < before]
+        if not earlier:
+            return None
+        return torch.load(versions[max(earlier)], weights_only=True)
+
+    def save(self, server_round: int, state: StateDict) -> None:
+        """Store the personal model trained in ``server_round`` (atomically)."""
+        import torch
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"ditto-{self.node}-r{server_round}.pt"
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(dict(state), tmp)
+        os.replace(tmp, path)
+        versions = self.versions()
+        keep = {server_round, max((r for r in versions if r < server_round), default=-1)}
+        for round_, old in versions.items():
+            if round_ not in keep:
+                old.unlink(missing_ok=True)
+
+
+def _server_round(config: ConfigRecord) -> int:
+    value = config.get("server-round")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"a Ditto message config needs 'server-round' (an integer) to "
+                         f"version the stored personal model, got {value!r}")
+    return value
+
+
+def _store(hooks: ClientHooks, context: Context) -> PersonalStore | None:
+    directory = hooks.state_dir(context)
+    return PersonalStore.of(directory, context) if directory else None
+
+
+def load_personal(hooks: ClientHooks, context: Context, config: ConfigRecord, *,
+                  evaluating: bool) -> StateDict | None:
+    """The node's personal model as of the message's round, or None if it has none.
+
+    From the hooks' state directory if they name one (for training round t: the version
+    of a round before t; for evaluating round t, which follows its training: of round t
+    or before), else from the node state.
+    """
+    store = _store(hooks, context)
+    if store is None:
+        stored = context.state.array_records.get(PERSONAL_KEY)
+        return None if stored is None else stored.to_torch_state_dict()
+    return store.load(before=_server_round(config) + int(evaluating))
+
+
+def save_personal(hooks: ClientHooks, context: Context, config: ConfigRecord,
+                  state: StateDict) -> None:
+    """Keep the trained personal model: in the state directory or the node state."""
+    store = _store(hooks, context)
+    if store is None:
+        context.state[PERSONAL_KEY] = ArrayRecord(state)  # type: ignore[arg-type]
+    else:
+        store.save(_server_round(config), state)
 
 
 def ditto_lambda(config: ConfigRecord) -> float:
@@ -101,8 +209,8 @@ def personal_settings(config: ConfigRecord, settings: TrainSettings) -> TrainSet
 
 
 def _personal_model(hooks: ClientHooks, context: Context, data: ClientData,
-                    start: ArrayRecord) -> torch.nn.Module:
-    """The node's personal model, or a model holding ``start`` if it has none.
+                    stored: StateDict | None, start: ArrayRecord) -> torch.nn.Module:
+    """A model holding the node's personal model ``stored``, or ``start`` if it has none.
 
     Raises
     ------
@@ -110,14 +218,15 @@ def _personal_model(hooks: ClientHooks, context: Context, data: ClientData,
         If the stored personal model does not fit the app's model.
     """
     model = hooks.build_model(context, data)
-    stored = context.state.array_records.get(PERSONAL_KEY)
     try:
-        model.load_state_dict((start if stored is None else stored).to_torch_state_dict())
+        model.load_state_dict(start.to_torch_state_dict() if stored is None else stored)
     except RuntimeError as err:
         if stored is None:
             raise
-        raise ValueError(f"the node's personal model (context.state['{PERSONAL_KEY}']) "
-                         f"does not fit the model: {err}") from err
+        store = _store(hooks, context)
+        where = f"context.state['{PERSONAL_KEY}']" if store is None else str(store.directory)
+        raise ValueError(f"the node's personal model ({where}) does not fit the model: "
+                         f"{err}") from err
     return model
 
 
@@ -141,12 +250,13 @@ def make_ditto_train_handler(hooks: ClientHooks) -> Callable[[Message, Context],
         own = personal_settings(config, settings)
         seed = local_seed(context, config)
         received = model_from_message(message, hooks, context, data)
+        stored = load_personal(hooks, context, config, evaluating=False)
         with torch.random.fork_rng(devices=[]):
-            personal = _personal_model(hooks, context, data,
+            personal = _personal_model(hooks, context, data, stored,
                                        message.content.array_records[ARRAYS_KEY])
             personal_result = train_with_settings(personal, data, own, seed, lam, received)
         global_result = train_with_settings(received, data, settings, seed)
-        context.state[PERSONAL_KEY] = ArrayRecord(personal.state_dict())
+        save_personal(hooks, context, config, personal.state_dict())
         metrics = MetricRecord({
             "train-loss": global_result.loss,
             "personal-train-loss": personal_result.loss,
@@ -169,9 +279,10 @@ def make_ditto_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Contex
         received = model_from_message(message, hooks, context, data)
         global_loss, global_acc = evaluate(received, data.x_test, data.y_test)
         loss, accuracy = global_loss, global_acc
-        has_personal = PERSONAL_KEY in context.state.array_records
+        stored = load_personal(hooks, context, message_config(message), evaluating=True)
+        has_personal = stored is not None
         if has_personal:
-            personal = _personal_model(hooks, context, data,
+            personal = _personal_model(hooks, context, data, stored,
                                        message.content.array_records[ARRAYS_KEY])
             loss, accuracy = evaluate(personal, data.x_test, data.y_test)
         metrics = MetricRecord({

@@ -160,12 +160,17 @@ class ClientHooks:
     num_classes : int | None
         Length of the class histograms; ``None`` takes the width of the model's
         output (needed only when ``load_data`` does not return ``ClientData``).
+    state_dir : Callable[[Context], str | None]
+        A node-local directory where handlers keep state that must outlive the run
+        (Ditto's personal models, which a resumed run, a new Flower run, would otherwise
+        start again), or ``None`` (the default) to keep it in the node state only.
     """
 
     load_data: Callable[[Context], DataSource]
     build_model: Callable[[Context, ClientData], torch.nn.Module]
     defaults: Callable[[Context], TrainSettings] = lambda _context: TrainSettings()
     num_classes: int | None = None
+    state_dir: Callable[[Context], str | None] = lambda _context: None
 
     def client_data(self, context: Context) -> ClientData:
         """This node's data as :class:`~fedgsp_flwr.data.ClientData`.

@@ -57,7 +57,9 @@ class Ditto(HookedTrain):
 
     The server keeps FedAvg's state only: the personal models live on the clients, as
     long as their node state (the run in simulation; the SuperNode process in
-    deployment). A resumed run or a restarted SuperNode starts them again from w.
+    deployment). A resumed run or a restarted SuperNode starts them again from w, unless
+    the nodes keep them in a state directory (``ClientHooks.state_dir``; the app's
+    ``client-state-dir``), from which a resumed run goes on.
 
     Parameters
     ----------

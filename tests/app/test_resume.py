@@ -6,6 +6,7 @@ restart), found again by their partition ids.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -31,17 +32,23 @@ STRATEGIES = {
     "semifl": {"semifl-cluster-size": 2, "semifl-shuffle": True},
     "fedadam": {"fraction-train": 0.75},  # the optimizer's moments in the checkpoint
     "fedfusion": {},  # the fusion module travels in the model's arrays
+    # the personal models stay on the nodes, in files of client-state-dir
+    "ditto": {"fraction-train": 0.75, "fraction-evaluate": 1.0},
 }
+
+
+RUN_IDS = itertools.count(1000)
 
 
 def grid_of(cfg: RunConfig, node_ids: list[int], received: list[str] | None = None
             ) -> FakeGrid:
-    """Nodes running the app's ClientApp; node i holds partition i. The message types
+    """Nodes running the app's ClientApp for the run of ``cfg`` (a new Flower run id: the
+    ClientApp parses a run's config once); node i holds partition i. The message types
     they receive are appended to ``received``.
     """
-    handlers = {}
+    handlers, run_id = {}, next(RUN_IDS)
     for partition, node in enumerate(node_ids):
-        context = Context(run_id=1, node_id=node, state=RecordDict(),
+        context = Context(run_id=run_id, node_id=node, state=RecordDict(),
                           node_config={"partition-id": partition, "num-partitions": NODES},
                           run_config=cfg.to_mapping())
 
@@ -57,7 +64,7 @@ def config(tmp_path: Path, strategy: str, rounds: int, name: str, **extra: objec
     return RunConfig.from_mapping({**BASE, **STRATEGIES[strategy], "strategy": strategy,
                                    "num-server-rounds": rounds, "run-name": name,
                                    "results-dir": str(tmp_path), "data-dir": str(tmp_path / "data"),
-                                   **extra})
+                                   "client-state-dir": str(tmp_path / "state" / name), **extra})
 
 
 def arrays(path: Path) -> dict[str, np.ndarray]:
@@ -77,13 +84,14 @@ def untimed(row: dict) -> dict:
 def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path: Path,
                                                               strategy: str) -> None:
     first_ids = [11, 12, 13, 14]
-    full = server_app.run(grid_of(config(tmp_path, strategy, 3, "x"), first_ids),
-                          config(tmp_path, strategy, 3, "full"))
-    part = server_app.run(grid_of(config(tmp_path, strategy, 3, "x"), first_ids),
-                          config(tmp_path, strategy, 2, "part"))
+    full_cfg, part_cfg = config(tmp_path, strategy, 3, "full"), config(tmp_path, strategy,
+                                                                      2, "part")
+    full = server_app.run(grid_of(full_cfg, first_ids), full_cfg)
+    part = server_app.run(grid_of(part_cfg, first_ids), part_cfg)
     assert load_checkpoint(part).round == 2
     restarted_ids = [901, 902, 903, 904]  # other node ids: found again by partition id
-    resumed_cfg = config(tmp_path, strategy, 3, "ignored", **{"resume-from": str(part)})
+    resumed_cfg = config(tmp_path, strategy, 3, "ignored", **{
+        "resume-from": str(part), "client-state-dir": str(tmp_path / "state" / "part")})
     received: list[str] = []
     resumed = server_app.run(grid_of(resumed_cfg, restarted_ids, received), resumed_cfg)
     assert resumed == part, "a resumed run writes into the folder it resumes"

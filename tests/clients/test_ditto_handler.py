@@ -5,6 +5,7 @@ and a global path that is the plain ``train`` handler's bit for bit.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from flwr.clientapp import ClientApp
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ditto import (
     PERSONAL_KEY,
+    PersonalStore,
     make_ditto_evaluate_handler,
     make_ditto_train_handler,
 )
@@ -252,3 +254,49 @@ def test_the_personal_step_leaves_torchs_random_state_to_the_global_path() -> No
     torch.manual_seed(123)
     plain = send(app, make_context(3), "train", w, config(1, 1.0))
     assert same(reply.content["arrays"], plain.content["arrays"])
+
+
+def stored_hooks(directory: Path) -> ClientHooks:
+    return ClientHooks(load_data=lambda _context: DATA, build_model=net,
+                       state_dir=lambda _context: str(directory))
+
+
+def test_with_a_state_directory_an_interrupted_round_trains_again_as_before(
+        tmp_path: Path) -> None:
+    """A resumed run (a new node state) retrains round 2 from round 1's personal model."""
+    app, lam = make_app(stored_hooks(tmp_path / "state")), 0.7
+    w1, w2, w3 = model_arrays(1), model_arrays(2), model_arrays(3)
+    first = make_context(3)
+    send(app, first, "train.ditto", w1, config(1, lam))
+    send(app, first, "train.ditto", w2, config(2, lam))  # then the run is interrupted
+    assert PERSONAL_KEY not in first.state  # the files hold it, not the node state
+    store = PersonalStore.of(tmp_path / "state", first)
+    v1 = by_hand(w1, config(1, lam), first, lam, w1)
+    v2 = by_hand(v1, config(2, lam), first, lam, w2)
+    assert same(ArrayRecord(store.load(before=2)), v1)
+    assert same(ArrayRecord(store.load(before=3)), v2)
+    resumed = make_context(3)  # the resumed run: a new Flower run, empty node state
+    send(app, resumed, "train.ditto", w2, config(2, lam))
+    assert same(ArrayRecord(store.load(before=3)), v2)  # round 2 again, from v1
+    send(app, resumed, "train.ditto", w3, config(3, lam))
+    assert sorted(store.versions()) == [2, 3]  # the round before is kept, older ones go
+    assert same(ArrayRecord(store.load(before=4)), by_hand(v2, config(3, lam), first, lam, w3))
+
+
+def test_with_a_state_directory_evaluation_scores_the_rounds_personal_model(
+        tmp_path: Path) -> None:
+    app = make_app(stored_hooks(tmp_path))
+    context, w1 = make_context(3), model_arrays(1)
+    assert send(app, context, "evaluate.ditto", w1,
+                config(1, None)).content["metrics"]["personal-model"] == 0
+    send(app, context, "train.ditto", w1, config(2, 0.0, **{"local-epochs": 5}))
+    v = PersonalStore.of(tmp_path, context).load(before=3)
+    before = send(app, context, "evaluate.ditto", w1, config(1, None)).content["metrics"]
+    assert before["personal-model"] == 0  # round 1's evaluation: round 2's v is later
+    after = send(app, make_context(3), "evaluate.ditto", w1, config(2, None))
+    scores = after.content["metrics"]  # another node state: the file is what counts
+    assert scores["personal-model"] == 1
+    assert (scores["eval-loss"], scores["eval-acc"]) == evaluate(
+        loaded(ArrayRecord(v)), DATA.x_test, DATA.y_test)
+    with pytest.raises(ValueError, match="needs 'server-round'"):
+        send(app, context, "evaluate.ditto", w1, ConfigRecord({}))

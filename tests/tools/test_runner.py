@@ -87,6 +87,29 @@ def test_the_accuracy_at_the_report_rounds_is_summarised_over_seeds(tmp_path: Pa
             experiment(tmp_path, f"report-rounds = {bad}")
 
 
+def test_the_final_accuracy_is_the_mean_of_the_last_final_rounds(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, 'final-rounds = 2\nreference = "base"')
+    write_run(tmp_path, "base", 0, [0.1, 0.4, 0.6, 0.8], traffic=None)
+    write_run(tmp_path, "base", 1, [0.1, 0.5, 0.9, 0.5], traffic=None)
+    write_run(tmp_path, "fast", 0, [0.1, 0.7, 0.75], traffic=None)
+    write_run(tmp_path, "fast", 1, [0.1, 0.68, 0.7, 0.8], traffic=None)
+    rows = {row["strategy"]: row for row in simulation.summarize(exp, tmp_path)}
+    base, fast = rows["base"], rows["fast"]
+    assert base["final-rounds"] == 2
+    assert (base["final-acc-mean"], base["final-acc-std"]) == (
+        pytest.approx(0.7), pytest.approx(0.0))  # seeds 0.7 and 0.7; last rounds 0.8, 0.5
+    assert fast["final-acc-mean"] == pytest.approx(0.7375)  # (0.725 + 0.75) / 2
+    # the reference is base's final accuracy by the same rule: 0.7, first reached at
+    # round 1 by fast's seed 0 and round 2 by its seed 1 (0.68 at round 1 would pass
+    # the last round's 0.65)
+    assert fast["rounds-to-reference"] == pytest.approx(1.5)
+    assert simulation.summarize(experiment(tmp_path, ""), tmp_path)[0][
+        "final-acc-mean"] == pytest.approx(0.65)  # the default: the last round alone
+    for bad in ("0", "1.5", "true"):
+        with pytest.raises(simulation.ConfigError, match="final-rounds"):
+            experiment(tmp_path, f"final-rounds = {bad}")
+
+
 def test_a_seed_that_never_reaches_the_reference_is_counted(tmp_path: Path) -> None:
     exp = experiment(tmp_path, 'reference = "base"')
     write_run(tmp_path, "base", 0, [0.1, 0.9], traffic=None)
@@ -151,6 +174,22 @@ def test_an_interrupted_run_is_resumed_from_its_checkpoint(tmp_path: Path) -> No
     assert not simulation.resumable(folder, 5)
 
 
+def test_a_runs_client_state_lives_in_its_folder_until_the_run_is_complete(
+        tmp_path: Path) -> None:
+    exp = experiment(tmp_path, "")
+    folder = tmp_path / "runs" / simulation.run_name("base", 1)
+    state = Path(exp.run_config_of("base", 1, tmp_path)["client-state-dir"])
+    assert state.parent == folder  # a resumed run finds its nodes' Ditto models again
+    state.mkdir(parents=True)
+    (state / "ditto-partition-0-r3.pt").write_bytes(b"v")
+    folder.joinpath("metrics.json").write_text(json.dumps({"status": "running"}))
+    simulation.clear_client_state(folder)
+    assert state.is_dir()  # interrupted: kept for the resumption
+    folder.joinpath("metrics.json").write_text(json.dumps({"status": "complete"}))
+    simulation.clear_client_state(folder)
+    assert not state.exists() and folder.is_dir()
+
+
 FAILED_LOG = """INFO :      Starting FedGSP strategy:
 ERROR :     The run failed: DatasetUnavailableError: MNIST is not in the cache
 Traceback (most recent call last):
@@ -199,7 +238,7 @@ def test_the_papers_numbers_are_written_beside_ours_in_percent(tmp_path: Path) -
     assert fast["acc-mean"] == 80.0 and fast["rounds-to-reference"] == 1.0
     assert fast["paper-acc"] is None and fast["acc-diff"] is None
     header = (tmp_path / "paper.csv").read_text().splitlines()[0]
-    assert header.startswith("strategy,metric,seeds,rounds,acc-mean,acc-std,")
+    assert header.startswith("strategy,metric,seeds,rounds,final-rounds,acc-mean,acc-std,")
 
 
 @pytest.mark.parametrize(("table", "message"), [
