@@ -34,6 +34,10 @@ STRATEGIES = {
     "fedfusion": {},  # the fusion module travels in the model's arrays
     # the personal models stay on the nodes, in files of client-state-dir
     "ditto": {"fraction-train": 0.75, "fraction-evaluate": 1.0},
+    "ifca": {"ifca-k": 2, "fraction-train": 0.75},  # the clients' choices by partition
+    # splits from round 1 on (no warm-up, every norm test passes): the tree is resumed
+    "cfl": {"cfl-warmup-rounds": 0, "cfl-eps1": 100.0, "cfl-eps2": 0.0,
+            "cfl-min-split-size": 2},
 }
 
 
