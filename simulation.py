@@ -286,11 +286,12 @@ def run_name(label: str, seed: int) -> str:
     return f"{label}-seed{seed}"
 
 
-def clear_client_state(folder: Path) -> None:
-    """Delete a complete run's client state (Ditto's personal models: GBs at N = 1,200);
-    an interrupted run keeps it for its resumption.
+def clear_client_state(folder: Path, resuming: bool) -> None:
+    """Delete a run's client state (Ditto's personal models: GBs at N = 1,200) unless an
+    interrupted run goes on from it: kept only while the run is not complete and
+    ``resuming`` (before a fresh start, old files would pass for the new nodes' state).
     """
-    if is_complete(folder):
+    if is_complete(folder) or not resuming:
         shutil.rmtree(folder / CLIENT_STATE, ignore_errors=True)
 
 
@@ -336,13 +337,14 @@ def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
                 if not force and resumable(folder, int(config.get(
                         "num-server-rounds", RunConfig.num_server_rounds))):
                     config["resume-from"] = str(folder)  # keep the rounds it finished
+                clear_client_state(folder, resuming="resume-from" in config)
                 outcome = sim.run(
                     config,
                     num_supernodes=exp.supernodes_of(label),
                     log_path=root / "logs" / f"{run_name(label, seed)}.log",
                     timeout=exp.timeout,
                 )
-                clear_client_state(folder)
+                clear_client_state(folder, resuming=True)  # kept if interrupted
                 if not outcome.ok:
                     failures.append(f"{run_name(label, seed)}: {outcome.status}: "
                                     f"{outcome.cause()} (log: {outcome.log_path})")

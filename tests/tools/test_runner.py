@@ -183,10 +183,13 @@ def test_a_runs_client_state_lives_in_its_folder_until_the_run_is_complete(
     state.mkdir(parents=True)
     (state / "ditto-partition-0-r3.pt").write_bytes(b"v")
     folder.joinpath("metrics.json").write_text(json.dumps({"status": "running"}))
-    simulation.clear_client_state(folder)
+    simulation.clear_client_state(folder, resuming=True)
     assert state.is_dir()  # interrupted: kept for the resumption
+    simulation.clear_client_state(folder, resuming=False)
+    assert not state.exists()  # a fresh start (--force, no checkpoint): no stale state
+    state.mkdir()
     folder.joinpath("metrics.json").write_text(json.dumps({"status": "complete"}))
-    simulation.clear_client_state(folder)
+    simulation.clear_client_state(folder, resuming=True)
     assert not state.exists() and folder.is_dir()
 
 
