@@ -10,6 +10,7 @@ status with ``flwr ls``, and stops exactly the SuperLink it started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -269,14 +270,46 @@ class LocalSimulation(FlwrCli):
     def close(self) -> None:
         """Stop the SuperLink this simulation started and every process under it (its
         SuperExec, a running ``flwr-simulation`` and that one's Ray processes, which
-        outlive the SuperLink when it stops in the middle of a run): SIGTERM, then
-        SIGKILL if one is still there after 10 s.
+        outlive the SuperLink when it stops in the middle of a run).
+
+        A running ``flwr-simulation`` (the ServerApp) is killed first, at once: stopped
+        after its ClientApps, or given time to stop, it went on with rounds that no
+        ClientApp answered and checkpointed them, so the resumed run built on rounds
+        that trained 0-9 of their clients. The rest get SIGTERM, then SIGKILL if still
+        there after 10 s.
         """
         for pid in self.superlink_pids():
             tree = descendants(pid)  # before the SuperLink goes and they are re-parented
+            kill_servers(tree)
             stop_process(pid)
             for child in reversed(tree):
                 stop_process(child, grace=5.0)
+
+
+SERVER_PROCESS = "flwr-simulation"
+"""The process that runs the ServerApp in Flower's simulation engine."""
+
+
+def kill_servers(pids: list[int]) -> None:
+    """SIGKILL the ServerApp processes (``flwr-simulation``) among ``pids`` and wait for
+    them to go, so that no round is recorded after this.
+    """
+    for pid in pids:
+        if SERVER_PROCESS in command_line(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _gone_within(pid, 10.0)
+
+
+def command_line(pid: int) -> str:
+    """The command line of process ``pid`` ('' if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace")
+    except OSError:
+        out = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True,
+                             text=True, check=False).stdout
+        return out.strip()
 
 
 def descendants(pid: int) -> list[int]:

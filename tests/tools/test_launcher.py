@@ -1,0 +1,60 @@
+"""The local SuperLink's shutdown (``LocalSimulation.close``), on a fake process tree."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedgsp_flwr.tools.launcher import LocalSimulation, is_running
+
+# A ClientApp worker: on SIGTERM it writes whether the ServerApp process was still there.
+CLIENT = """
+import signal, sys, time
+from pathlib import Path
+server, out = int(sys.argv[1]), Path(sys.argv[2])
+def state(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except OSError:
+        return "gone"
+def stopped(*_):
+    out.write_text("alive" if state(server) not in ("Z", "gone") else "gone")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+out.with_suffix(".ready").write_text("")
+time.sleep(120)
+"""
+
+# The SuperLink (its command line names the FLWR_HOME, as the real one's does), with a
+# ServerApp process and a ClientApp worker under it.
+SUPERLINK = """
+import subprocess, sys, time
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                           "flwr-simulation"])
+subprocess.Popen([sys.executable, "-c", sys.argv[1], str(server.pid), sys.argv[2]])
+time.sleep(120)
+"""
+
+
+def test_close_kills_the_serverapp_before_any_clientapp_is_stopped(tmp_path: Path) -> None:
+    home, out = tmp_path / "home", tmp_path / "client-saw"
+    sim = LocalSimulation(tmp_path, home)
+    superlink = subprocess.Popen([sys.executable, "-c", SUPERLINK, CLIENT, str(out),
+                                  "flower-superlink", str(sim.home)])
+    try:
+        deadline = time.monotonic() + 30
+        while not out.with_suffix(".ready").exists():
+            assert time.monotonic() < deadline, "the fake process tree did not start"
+            time.sleep(0.05)
+        assert sim.superlink_pids() == [superlink.pid]
+        sim.close()
+        superlink.wait(timeout=30)
+        # The ServerApp went first: had it outlived its ClientApps, it would have gone on
+        # recording (and checkpointing) rounds that no client answered.
+        assert out.read_text() == "gone"
+        assert sim.superlink_pids() == [] and not is_running(superlink.pid)
+    finally:
+        if superlink.poll() is None:
+            superlink.kill()
