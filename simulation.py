@@ -461,14 +461,20 @@ def rounds_to(curve: Sequence[float], target: float | None,
     return next((r for r, acc in zip(rounds, curve, strict=True) if acc >= target), None)
 
 
-def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float]:
+def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float | None]:
     """Cost-model time and traffic (FedGSP Eq. 15-17) and the bytes the run moved in
     training, summed over rounds 1..``last_round``.
+
+    The cost-model sums are None unless every one of those rounds was priced (the
+    ServerApp prices only rounds that report ``uploads``; StoCFL, IFCA, CFL, FeSEM and
+    HierFL rounds are not).
     """
     rows = [r for r in metrics["rounds"] if 0 < r["round"] <= last_round]
+    priced = all("cost-comp-s" in r for r in rows)
     return {
-        "cost-time": sum(r.get("cost-comp-s", 0.0) + r.get("cost-comm-s", 0.0) for r in rows),
-        "cost-traffic": sum(r.get("cost-traffic", 0.0) for r in rows),
+        "cost-time": (sum(r["cost-comp-s"] + r["cost-comm-s"] for r in rows)
+                      if priced else None),
+        "cost-traffic": sum(r["cost-traffic"] for r in rows) if priced else None,
         "train-bytes": sum(r.get("bytes-sent", 0) + r.get("bytes-received", 0) for r in rows),
     }
 
@@ -528,8 +534,9 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             costs = [cost_to(m, r) for m, r in zip(runs, reached, strict=True)
                      if r is not None]
             for key in ("cost-time", "cost-traffic", "train-bytes"):
-                row[f"{key}-to-{name}"] = (float(np.mean([c[key] for c in costs]))
-                                           if everywhere else None)
+                values = [c[key] for c in costs]
+                known = everywhere and None not in values
+                row[f"{key}-to-{name}"] = float(np.mean(values)) if known else None
         for key in exp.report:
             values = [v for m in runs if (v := final(m, key)) is not None]
             row[key] = float(np.mean(values)) if values else None

@@ -93,8 +93,9 @@ class RoundPricer:
 
     A round's participants are its relay hops or its training replies, its longest
     chain the hops that trained one after another in one group (1 when clients train
-    in parallel), its aggregated models its uploads. HierFL's rounds (several edge
-    rounds each) are not priced.
+    in parallel), its aggregated models its uploads. Rounds that report no ``uploads``
+    are not priced: HierFL's (several edge rounds each), and StoCFL's, IFCA's, CFL's
+    and FeSEM's (several models broadcast per round, which Eq. 16 does not describe).
 
     Attributes
     ----------

@@ -47,6 +47,9 @@ def test_summary_reports_rounds_to_the_reference_accuracy_and_bytes(tmp_path: Pa
     assert rows["fast"]["cost-time-to-reference"] == pytest.approx(1.5 * 1.5)
     assert rows["fast"]["cost-traffic-to-reference"] == pytest.approx(10.0 * 1.5)
     assert rows["fast"]["train-bytes-to-target"] == pytest.approx(300)
+    # base's rounds were not priced (no uploads): no cost, rather than a free run
+    assert rows["base"]["cost-time-to-reference"] is None
+    assert rows["base"]["cost-traffic-to-reference"] is None
     assert rows["fast"]["train-bytes-mean"] == 3 * 300
     assert rows["base"]["train-bytes-mean"] is None
     assert rows["fast"]["final-acc-mean"] == pytest.approx(0.85)
