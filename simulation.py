@@ -432,6 +432,22 @@ def series(metrics: Mapping[str, Any], key: str) -> tuple[list[int], list[float]
     return [int(r["round"]) for r in rows], [float(r[key]) for r in rows]
 
 
+def short_rounds(metrics: Mapping[str, Any]) -> int:
+    """Rounds that lost training replies: a reply rejected, a relay hop skipped, fewer
+    replies than clients sampled, or fewer than the run's usual count (the mode).
+
+    Lost nodes cause them; so did a runner stopped mid-run before the ServerApp was
+    killed first. A table built on such rounds should say so.
+    """
+    rounds = [r for r in metrics["rounds"] if r["round"] > 0]
+    replies = [r["train-replies"] for r in rounds if "train-replies" in r]
+    usual = max(set(replies), key=replies.count) if replies else 0
+    return sum(1 for r in rounds
+               if r.get("train-rejected", 0) > 0 or r.get("skipped-nodes", 0) > 0
+               or ("train-replies" in r
+                   and r["train-replies"] < max(usual, r.get("sampled", 0))))
+
+
 def complete_runs(exp: Experiment, root: Path, label: str) -> list[dict[str, Any]]:
     """The metrics of each complete seed of one strategy."""
     found = [read_metrics(root / "runs" / run_name(label, s)) for s in exp.seeds]
@@ -485,7 +501,7 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     and central loss (where the runs have one), rounds
     to the target and to the reference's final accuracy (with the cost model's time and
     traffic and the bytes moved until then), the reported metrics at the last round,
-    model bytes moved in training, wall time.
+    model bytes moved in training, wall time, rounds that lost replies (all seeds).
     """
     done = {label: runs for label in exp.strategies
             if (runs := complete_runs(exp, root, label))}
@@ -544,6 +560,7 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
                        for r in m["rounds"]) for m in runs]
         row["train-bytes-mean"] = float(np.mean(traffic)) if any(traffic) else None
         row["wall-time-mean"] = float(np.mean([m["summary"]["wall-time"] for m in runs]))
+        row["short-rounds"] = sum(map(short_rounds, runs))
         rows.append(row)
     return rows
 

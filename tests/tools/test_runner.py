@@ -280,3 +280,18 @@ def test_summarize_rewrites_the_tables_and_runs_nothing(
 def test_every_shipped_experiment_file_is_valid(path: Path) -> None:
     exp = simulation.Experiment.load(path)  # checks every run's config, and [paper]
     assert exp.runs() and exp.name
+
+
+def test_rounds_that_lost_replies_are_counted() -> None:
+    def run(*rounds: dict[str, int]) -> dict:
+        return {"rounds": [{"round": 0, "train-replies": 0}]
+                + [{"round": i + 1, **r} for i, r in enumerate(rounds)]}
+
+    usual = {"train-replies": 30}
+    assert simulation.short_rounds(run(usual, usual, usual)) == 0
+    # fewer replies than the run's usual 30; a rejected reply; a skipped relay hop
+    assert simulation.short_rounds(run(usual, {"train-replies": 3}, usual,
+                                       {"train-replies": 30, "train-rejected": 1})) == 2
+    assert simulation.short_rounds(run({"hops": 5}, {"hops": 4, "skipped-nodes": 1})) == 1
+    # a round of fewer replies than clients sampled, in a run where that is the norm
+    assert simulation.short_rounds(run(*[{"train-replies": 9, "sampled": 10}] * 3)) == 3
