@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     import torch
 
@@ -33,6 +35,30 @@ def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
         raise ValueError(f"model '{name}' needs (C, H, W) images, got input shape "
                          f"{input_shape}")
     return name
+
+
+def centre_seed(seed: int, k: int) -> int:
+    """Seed of model ``k`` of a run seeded ``seed`` (IFCA's and FeSEM's ``seeds`` init).
+
+    Model 0 is the run's own model (``seed``); model ``k >= 1`` gets a seed drawn from
+    ``(seed, k)``, so that runs with consecutive seeds share no initial model (with
+    ``seed + k``, the authors' FEMNIST code, seed 1's models 0-2 are seed 0's 1-3).
+
+    Parameters
+    ----------
+    seed : int
+        The run's seed, >= 0.
+    k : int
+        Model index, >= 0.
+
+    Returns
+    -------
+    int
+        The seed for ``build_model``.
+    """
+    if k == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, k]).generate_state(1)[0])
 
 
 def build_model(

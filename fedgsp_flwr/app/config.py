@@ -263,8 +263,8 @@ class RunConfig:
     ifca_k: int = _setting(4, "IFCA number of cluster models k", _positive, "> 0")
     ifca_init: str = _setting(
         "redraw", "IFCA model initialisation: redraw (model 0 = the run's model, the others "
-        "redrawn per array with its mean and std) | seeds (the run's model with seed "
-        "seed + j)", choices=IFCA_INITS)
+        "redrawn per array with its mean and std) | seeds (model 0 the run's, model j "
+        "with a seed drawn from seed and j)", choices=IFCA_INITS)
     ifca_head_layers: str = _setting(
         "", "IFCA cluster-specific arrays (comma-separated names or module prefixes, e.g. "
         "'fc2'); the others are one shared feature extractor ('' = all cluster-specific)")
@@ -318,7 +318,8 @@ class RunConfig:
     cost_rate_out: float = _setting(
         567.0, "cost model (Eq. 16): outbound link rate, Mbit/s (the paper's)", _positive,
         "> 0")
-    seed: int = _setting(42, "seed of data partitions, model init and sampling")
+    seed: int = _setting(42, "seed of data partitions, model init and sampling",
+                         _non_negative, ">= 0")
     train_timeout: float = _setting(
         3600.0, "seconds to wait for the replies to training or evaluation messages (a "
         "round, an edge round, a relay hop)", _positive, "> 0")

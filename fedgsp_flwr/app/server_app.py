@@ -17,7 +17,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from ..core.cost import CostModel, round_cost
-from ..models import build_model, parameter_count, resolve_model_name, training_flops
+from ..models import (
+    build_model, centre_seed, parameter_count, resolve_model_name, training_flops,
+)
 from ..strategies import FedAvg
 from ..strategies.nodes import query_partitions
 from ..strategies.state import record_arrays, to_record
@@ -332,7 +334,8 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     strategy = build_strategy(cfg, RunContext(
         ground_truth={p.partition_id: p.latent_group for p in parts},
         centre_factory=lambda k: ArrayRecord(build_model(
-            model_name, bundle.input_shape, bundle.num_classes, cfg.seed + k).state_dict()),
+            model_name, bundle.input_shape, bundle.num_classes,
+            centre_seed(cfg.seed, k)).state_dict()),
     ))
     metadata = run_metadata(cfg, num_nodes, model_name)
     if checkpoint is None:

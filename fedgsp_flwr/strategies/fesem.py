@@ -76,7 +76,7 @@ class FeSEM(ServerSideRound):
         ``kmeans++`` or ``seeds``.
     centre_factory : Callable[[int], ArrayRecord] | None (default: None)
         Builds centre k's initial model; required by ``seeds`` (the app passes the
-        run's model with seed ``seed + k``).
+        run's model built with ``centre_seed(seed, k)``).
     layers : Sequence[str] | None (default: None)
         Array names the distances use (``None``: all).
     new_clients : str (default: "initial")

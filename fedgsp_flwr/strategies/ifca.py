@@ -124,7 +124,7 @@ class IFCA(ServerSideRound):
         copied). ``seeds``: model j is ``model_factory(j)``.
     model_factory : Callable[[int], ArrayRecord] | None (default: None)
         Builds model j's initial weights; required by ``seeds`` (the app passes the
-        run's model with seed ``seed + j``).
+        run's model built with ``centre_seed(seed, j)``).
     head_layers : Sequence[str] | None (default: None)
         The cluster-specific arrays (names, or module prefixes such as ``fc2``); every
         other array is shared by the k models and averaged over all nodes. ``None``:

@@ -146,7 +146,7 @@ def test_ifca_and_cfl_are_built_from_the_run_config() -> None:
         0.2, 0.9, 4, 5)
     assert (cfl.linkage, cfl.split_quorum) == ("optimal", 0.5)
     for key, value in [("cfl-linkage", "single"), ("cfl-split-quorum", 0.0),
-                       ("ifca-init", "zeros"), ("ifca-k", 0)]:
+                       ("ifca-init", "zeros"), ("ifca-k", 0), ("seed", -1)]:
         with pytest.raises(ConfigError, match=key):
             RunConfig.from_mapping({"strategy": "cfl", key: value})
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedgsp_flwr.models import build_model, resolve_model_name
+from fedgsp_flwr.models import build_model, centre_seed, resolve_model_name
 from fedgsp_flwr.training import evaluate, train
 from helpers import vector_data
 
@@ -27,6 +27,20 @@ def fit(seed: int, **kwargs: object) -> torch.nn.Module:
 def test_same_seed_same_model_and_other_seed_other_model() -> None:
     np.testing.assert_array_equal(flat(fit(1)), flat(fit(1)))
     assert not np.allclose(flat(fit(1)), flat(fit(2)))
+
+
+def test_runs_with_consecutive_seeds_share_no_initial_centre() -> None:
+    # IFCA's and FeSEM's "seeds" init: model 0 is the run's model; with seed + k, seed 1's
+    # models 0-4 would be seed 0's models 1-5 and the seeds' results would not be independent.
+    seeds = {run: [centre_seed(run, k) for k in range(6)] for run in range(3)}
+    assert all(models[0] == run for run, models in seeds.items())
+    everyone = [s for models in seeds.values() for s in models]
+    assert len(set(everyone)) == len(everyone)
+    assert seeds == {run: [centre_seed(run, k) for k in range(6)] for run in range(3)}
+    first = {run: flat(build_model("logistic", (5,), 3, seed=models[1]))
+             for run, models in seeds.items()}
+    assert not np.allclose(first[0], flat(build_model("logistic", (5,), 3, seed=seeds[1][0])))
+    assert not np.allclose(first[0], first[1])
 
 
 def test_training_lowers_the_loss() -> None:
