@@ -14,7 +14,7 @@ data, so a hop's training takes milliseconds and the latency is the transport's)
 Prints JSON (and writes it with ``--out``): per setting the mean hop latency, seconds
 per round, and Flower's ClientApp seconds per message from ``flwr ls``.
 
-    python benchmarks/hop_latency.py --nodes 4 --rounds 2
+    python benchmarks/hop_latency.py --nodes 4 --rounds 2 [--settings deployment simulation]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,24 +88,31 @@ def simulation(nodes: int, rounds: int, home: Path) -> dict[str, Any]:
         return summarise(sim, outcome, home / "results" / "run", nodes)
 
 
+SETTINGS: dict[str, Callable[[int, int, Path], dict[str, Any]]] = {
+    "deployment": lambda n, r, home: deployment(n, r, home, 0.02),
+    "deployment-3s-polls": lambda n, r, home: deployment(n, r, home, 3.0),
+    "deployment-fast-superexec": lambda n, r, home: deployment(
+        n, r, home, 0.02, {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}),
+    "simulation": simulation,
+}
+
+
 def main() -> None:
     """Run the settings and print the JSON report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
+                        help="settings to run, in this order (default: all)")
     args = parser.parse_args()
     if args.nodes < 2 or args.rounds < 1:
         parser.error("--nodes must be >= 2 and --rounds >= 1")
     report: dict[str, Any] = {"nodes": args.nodes, "rounds": args.rounds, "config": BASE}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        report["deployment"] = deployment(args.nodes, args.rounds, work / "d1", 0.02)
-        report["deployment-3s-polls"] = deployment(args.nodes, args.rounds, work / "d2", 3.0)
-        report["deployment-fast-superexec"] = deployment(
-            args.nodes, args.rounds, work / "d3", 0.02,
-            {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"})
-        report["simulation"] = simulation(args.nodes, args.rounds, work / "s")
+        for name in args.settings:
+            report[name] = SETTINGS[name](args.nodes, args.rounds, work / name)
     emit_json(report, args.out)
 
 
