@@ -7,6 +7,7 @@ restart), found again by their partition ids.
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,21 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path: Path,
     # every metric of every round: assignments, cluster sizes, losses, bytes, ...
     assert [untimed(r) for r in part_rounds] == [untimed(r) for r in full_rounds]
     assert load_checkpoint(part).round == 3 and read_metrics(part)["status"] == "complete"
+
+
+def test_a_resumed_run_counts_the_interrupted_runs_time(tmp_path: Path) -> None:
+    part_cfg = config(tmp_path, "fedavg", 2, "part")
+    part = server_app.run(grid_of(part_cfg, [1, 2, 3, 4]), part_cfg)
+    # as if the interrupted run had taken an hour to its checkpoint's round
+    metrics = read_metrics(part)
+    metrics["rounds"][2]["elapsed"] = 3600.0
+    (part / "metrics.json").write_text(json.dumps(metrics))
+    resumed_cfg = config(tmp_path, "fedavg", 3, "ignored", **{"resume-from": str(part)})
+    server_app.run(grid_of(resumed_cfg, [5, 6, 7, 8]), resumed_cfg)
+    resumed = read_metrics(part)
+    assert resumed["rounds"][3]["elapsed"] > 3600.0
+    assert resumed["summary"]["wall-time"] >= resumed["rounds"][3]["elapsed"]
+    assert resumed["rounds"][3]["round-time"] < 3600.0  # the resumed round's own time
 
 
 def test_each_round_leaves_a_checkpoint_with_the_strategy_state(tmp_path: Path) -> None:
