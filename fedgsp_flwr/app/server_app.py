@@ -160,7 +160,6 @@ class CentralEvaluator:
         recorder: RunRecorder,
         offset: int = 0,
         pricer: RoundPricer | None = None,
-        elapsed_before: float = 0.0,
     ) -> None:
         self.cfg = cfg
         self.model = model
@@ -171,9 +170,10 @@ class CentralEvaluator:
         self.pricer = pricer
         self.last = time.perf_counter()
         # A resumed run's clock goes on from the interrupted run's (`elapsed` of the
-        # checkpoint's round), so `elapsed` and the summary's wall time cover every
-        # recorded round, not only those since the restart.
-        self.started = self.last - elapsed_before
+        # checkpoint's round, the recorder's last row), so `elapsed` and the summary's
+        # wall time cover every recorded round, not only those since the restart.
+        self.started = self.last - (recorder.rounds[-1].get("elapsed", 0.0)
+                                    if recorder.rounds else 0.0)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """Evaluate ``arrays``, record and log the round, write the checkpoint.
@@ -357,7 +357,6 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     evaluator = CentralEvaluator(
         cfg, model, load_server_test_set(cfg, num_nodes), strategy, recorder, done,
         RoundPricer.for_run(cfg, model, bundle.input_shape, float(np.mean(sizes))),
-        elapsed_before=float(previous[-1].get("elapsed", 0.0)) if previous else 0.0,
     )
     if checkpoint is not None:
         restore_global_rngs(checkpoint.rng)  # last: as they were after round `done`
