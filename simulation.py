@@ -5,7 +5,8 @@ Runs every (strategy, seed) of an experiment file through Flower's simulation en
 plot and a summary table. Runs whose results folder is already complete are skipped,
 so an interrupted experiment resumes where it stopped; an interrupted run goes on from
 its last checkpoint (``resume-from``). ``--summarize`` runs nothing and rewrites the
-plots and tables from the runs complete so far.
+plots and tables from the runs complete so far; ``--only LABEL,...`` and ``--seeds
+SEED,...`` run a part of the experiment.
 
 Experiment file::
 
@@ -70,7 +71,7 @@ import signal
 import sys
 import tempfile
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,8 +304,22 @@ def resumable(folder: Path, rounds: int) -> bool:
         return False
 
 
-def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
+def run_experiment(exp: Experiment, results: Path, force: bool = False,
+                   only: Collection[str] | None = None,
+                   seeds: Collection[int] | None = None) -> Path:
     """Run every missing run of ``exp``, then write the comparison outputs.
+
+    Parameters
+    ----------
+    exp : Experiment
+        The experiment.
+    results : Path
+        The results root.
+    force : bool
+        Re-run complete runs too.
+    only, seeds : Collection | None
+        Run only these strategy labels and seeds (``None``: all); the comparison
+        outputs still cover every complete run of the experiment.
 
     Returns
     -------
@@ -314,11 +329,13 @@ def run_experiment(exp: Experiment, results: Path, force: bool = False) -> Path:
     root = results.resolve() / exp.name
     root.mkdir(parents=True, exist_ok=True)
     write_atomic(root / "experiment.toml", exp.source)
+    chosen = [(label, seed) for label, seed in exp.runs()
+              if (only is None or label in only) and (seeds is None or seed in seeds)]
     pending = [
-        (label, seed) for label, seed in exp.runs()
+        (label, seed) for label, seed in chosen
         if force or not is_complete(root / "runs" / run_name(label, seed))
     ]
-    skipped = len(exp.runs()) - len(pending)
+    skipped = len(chosen) - len(pending)
     if skipped:
         print(f"Skipping {skipped} complete run(s) of {exp.name}", file=sys.stderr)
     failures = []
@@ -657,6 +674,20 @@ def write_comparison(exp: Experiment, root: Path) -> None:
         write_atomic(root / "paper.csv", rows_to_csv(beside))
 
 
+def comma_list(text: str) -> list[str]:
+    """An argument such as ``fedprox,ifca-2``, as its non-empty items."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def int_list(text: str) -> list[int]:
+    """An argument such as ``0,2``, as integers."""
+    try:
+        return [int(item) for item in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"integers separated by commas, such as 0,2, not {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -667,6 +698,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--summarize", action="store_true",
                         help="run nothing: rewrite the plots and tables from the runs "
                              "complete so far")
+    parser.add_argument("--only", type=comma_list, metavar="LABEL[,LABEL...]",
+                        help="run only these strategies (labels of the experiment "
+                             "file); the tables still cover every complete run")
+    parser.add_argument("--seeds", type=int_list, metavar="SEED[,SEED...]",
+                        help="run only these seeds of the experiment file")
     args = parser.parse_args(argv)
     # A terminated runner unwinds like Ctrl-C: its private SuperLink is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -674,6 +710,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         experiments = [Experiment.load(path) for path in args.experiments]
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
         parser.error(str(err))
+    for exp in experiments:  # every selection checked before anything runs
+        for flag, wanted, known in (("--only", args.only, list(exp.strategies)),
+                                    ("--seeds", args.seeds, exp.seeds)):
+            if wanted is not None and (unknown := [w for w in wanted if w not in known]):
+                parser.error(f"{flag}: {unknown} not in {exp.name}'s {known}")
     for exp in experiments:
         if args.summarize:
             root = args.results.resolve() / exp.name
@@ -681,7 +722,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"no runs of {exp.name} in {root}: run the experiment first")
             write_comparison(exp, root)
         else:
-            root = run_experiment(exp, args.results, force=args.force)
+            root = run_experiment(exp, args.results, force=args.force, only=args.only,
+                                  seeds=args.seeds)
         print((root / "summary.md").read_text())
         print(f"Results: {root}")
     return 0

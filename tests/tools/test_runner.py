@@ -275,6 +275,51 @@ def test_summarize_rewrites_the_tables_and_runs_nothing(
         simulation.main([str(spec), "--results", str(tmp_path / "none"), "--summarize"])
 
 
+class FakeSimulation:
+    """Stands in for ``LocalSimulation``: records each launch and completes it."""
+
+    launched: list[tuple[str, int]] = []
+
+    def __init__(self, app_dir: Path, home: Path) -> None:
+        pass
+
+    def __enter__(self) -> FakeSimulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def run(self, config: dict, num_supernodes: int, log_path: Path, timeout: float):
+        from fedgsp_flwr.tools.launcher import RunOutcome
+
+        FakeSimulation.launched.append((config["strategy"], config["seed"]))
+        folder = Path(config["results-dir"]) / config["run-name"]
+        write_run(folder.parent.parent, config["run-name"].rsplit("-seed", 1)[0],
+                  config["seed"], [0.2, 0.5], traffic=None)
+        return RunOutcome("1", "finished:completed", 1.0, log_path)
+
+
+def test_only_and_seeds_run_a_subset_and_the_tables_cover_every_complete_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tmp_path / "e.toml"
+    spec.write_text('name = "e"\nseeds = [0, 1, 2]\n[strategies.base]\nstrategy = "fedavg"\n'
+                    '[strategies.fast]\nstrategy = "fedgsp"\n')
+    results = tmp_path / "results"
+    write_run(results / "e", "base", 0, [0.1, 0.6], traffic=None)  # done before
+    monkeypatch.setattr(simulation, "LocalSimulation", FakeSimulation)
+    FakeSimulation.launched = []
+    assert simulation.main([str(spec), "--results", str(results), "--only", "fast,base",
+                            "--seeds", "0,2"]) == 0
+    # in the experiment's order (seed-major), base seed 0 skipped as complete
+    assert FakeSimulation.launched == [("fedgsp", 0), ("fedavg", 2), ("fedgsp", 2)]
+    rows = json.loads((results / "e" / "summary.json").read_text())
+    assert [(r["strategy"], r["seeds"]) for r in rows] == [("base", 2), ("fast", 2)]
+    for bad in (["--only", "fedprox"], ["--seeds", "5"], ["--seeds", "one"]):
+        with pytest.raises(SystemExit):
+            simulation.main([str(spec), "--results", str(results), *bad])
+    assert len(FakeSimulation.launched) == 3  # nothing ran for a bad selection
+
+
 @pytest.mark.parametrize("path", sorted((Path(simulation.APP_DIR) / "experiments").glob("*.toml")),
                          ids=lambda p: p.stem)
 def test_every_shipped_experiment_file_is_valid(path: Path) -> None:
