@@ -454,14 +454,16 @@ def short_rounds(metrics: Mapping[str, Any]) -> int:
     replies than clients sampled, or fewer than the run's usual count (the mode).
 
     Lost nodes cause them; so did a runner stopped mid-run before the ServerApp was
-    killed first. A table built on such rounds should say so.
+    killed first. A table built on such rounds should say so. Relay rounds (they report
+    ``hops``) are judged by their skipped hops alone: their ``train-replies`` counts the
+    groups that trained, which grows with FedGSP's group count, so the mode says nothing.
     """
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
-    replies = [r["train-replies"] for r in rounds if "train-replies" in r]
+    replies = [r["train-replies"] for r in rounds if "train-replies" in r and "hops" not in r]
     usual = max(set(replies), key=replies.count) if replies else 0
     return sum(1 for r in rounds
                if r.get("train-rejected", 0) > 0 or r.get("skipped-nodes", 0) > 0
-               or ("train-replies" in r
+               or ("train-replies" in r and "hops" not in r
                    and r["train-replies"] < max(usual, r.get("sampled", 0))))
 
 
@@ -710,6 +712,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         experiments = [Experiment.load(path) for path in args.experiments]
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
         parser.error(str(err))
+    for flag, wanted in (("--only", args.only), ("--seeds", args.seeds)):
+        if wanted == []:
+            parser.error(f"{flag} names nothing: give at least one, or leave {flag} out")
     for exp in experiments:  # every selection checked before anything runs
         for flag, wanted, known in (("--only", args.only, list(exp.strategies)),
                                     ("--seeds", args.seeds, exp.seeds)):

@@ -36,6 +36,7 @@ from flwr.serverapp import Grid
 from threadpoolctl import threadpool_limits
 
 from .core.parallel import machine_cores
+from .grids import GridView
 
 THREADS_KEY = "num-threads"
 CONFIG_KEY = "config"
@@ -122,7 +123,7 @@ def server_work(grid: Grid, requested: int | None = None) -> Iterator[None]:
         yield
 
 
-class ThreadHintGrid(Grid):
+class ThreadHintGrid(GridView):
     """A simulation grid that hints each message's thread count.
 
     Every pushed message gets ``config["num-threads"]`` = cores // messages in flight
@@ -139,22 +140,9 @@ class ThreadHintGrid(Grid):
     """
 
     def __init__(self, grid: Grid, cores: int | None = None) -> None:
-        self.grid = grid
+        super().__init__(grid)
         self.cores = cores or machine_cores()
         self.in_flight: set[str] = set()
-
-    @property
-    def run(self):  # type: ignore[no-untyped-def]  # Flower's Run
-        return self.grid.run
-
-    def set_run(self, run) -> None:  # type: ignore[no-untyped-def]  # Flower's Run
-        self.grid.set_run(run)
-
-    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
-        return self.grid.create_message(*args, **kwargs)  # deprecated upstream
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
 
     def hint(self, messages: list[Message], pending: int) -> None:
         """Give each message its thread count, ``pending`` messages being in flight."""

@@ -6,10 +6,23 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
-from flwr.app import Error, Message, RecordDict
+from flwr.app import Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 Handler = Callable[[Message], Message | None]
+
+
+def partition_node(partition: int, handler: Handler | None = None) -> Handler:
+    """A node that answers ``query.partition`` with ``partition`` (as our client hooks
+    do) and every other message with ``handler`` (none: no reply).
+    """
+    def handle(message: Message) -> Message | None:
+        if message.metadata.message_type == "query.partition":
+            return Message(RecordDict({"metrics": MetricRecord({"partition-id": partition})}),
+                           reply_to=message)
+        return handler(message) if handler is not None else None
+
+    return handle
 
 
 class FakeGrid(Grid):

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedgsp_flwr"
 # Layer of a module (its first sub-package, or its own name) -> top-level names it
 # must not import. Third-party names are checked by their top-level package.
 OURS = ("core", "strategies", "clients", "app", "tools", "data", "models", "training",
-        "threads")
+        "threads", "grids")
 FORBIDDEN: dict[str, set[str]] = {
     "core": {"flwr", "torch", *(f"fedgsp_flwr.{p}" for p in OURS if p != "core")},
     "strategies": {"torch", "fedgsp_flwr.app", "fedgsp_flwr.tools", "fedgsp_flwr.clients",
@@ -32,7 +32,9 @@ FORBIDDEN: dict[str, set[str]] = {
     "models": {"fedgsp_flwr.app", "fedgsp_flwr.tools", "fedgsp_flwr.strategies"},
     "training": {"fedgsp_flwr.app", "fedgsp_flwr.tools", "fedgsp_flwr.strategies"},
     "app": {"fedgsp_flwr.tools"},
-    "threads": {"torch", *(f"fedgsp_flwr.{p}" for p in OURS if p not in ("threads", "core"))},
+    "threads": {"torch", *(f"fedgsp_flwr.{p}" for p in OURS
+                           if p not in ("threads", "core", "grids"))},
+    "grids": {"torch", *(f"fedgsp_flwr.{p}" for p in OURS if p != "grids")},
 }
 
 

@@ -196,7 +196,7 @@ class RunConfig:
         "node without a train.<name> handler gets train)",
         lambda v: relay_message_type_problem(v) is None, "'train' or 'train.<identifier>'")
     query_timeout: float = _setting(
-        600.0, "seconds to wait for the replies to a query (histogram, sketch)",
+        600.0, "seconds to wait for the replies to a query (partition id, histogram, sketch)",
         _positive, "> 0")
     histogram_epsilon: float = _setting(
         0.0, "Laplace noise on the class histograms nodes report: privacy budget epsilon "

@@ -58,6 +58,7 @@ def common_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """
     return {
         "max_untrained_rounds": cfg.max_untrained_rounds,
+        "query_timeout": cfg.query_timeout,
         "server_threads": cfg.server_threads or None,
         "fraction_train": cfg.fraction_train,
         "fraction_evaluate": cfg.fraction_evaluate,
@@ -80,8 +81,9 @@ def fedopt_kwargs(cfg: RunConfig, moments: bool = False) -> dict[str, Any]:
 
 
 def timeout_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """The strategies' two timeouts from the run config."""
-    return {"query_timeout": cfg.query_timeout, "train_timeout": cfg.train_timeout}
+    """The training timeout of the strategies that collect their replies themselves
+    (``query_timeout`` is in :func:`common_kwargs`)."""
+    return {"train_timeout": cfg.train_timeout}
 
 
 def relay_kwargs(cfg: RunConfig) -> dict[str, Any]:

@@ -16,12 +16,13 @@ The optimizer's moments go into the checkpoint, so a resumed run continues the
 uninterrupted one. The step's result keeps the dtypes of the model sent (Flower's comes
 back as float64 for a float32 model, and every later reply would then be rejected).
 
-``_Validated`` is there because Flower's constructors do not pass
-our ``max_untrained_rounds`` and ``server_threads`` on, and the optimizer's moments need
-saving. Defaults are Flower's (the FedGSP paper does not give the values it used): server
-learning rate ``eta`` 0.1 (FedYogi 0.01), ``tau`` 1e-3, ``beta_1`` 0.9 and ``beta_2``
-0.99 (FedAdagrad has no momentum: ``beta_1 = beta_2 = 0``). ``eta_l``, the clients'
-learning rate, is only logged by Flower; the clients' ``lr`` sets it.
+``_Validated`` is there because Flower's constructors do not pass our
+``max_untrained_rounds``, ``server_threads`` and ``query_timeout`` on, and the
+optimizer's moments need saving. Defaults are Flower's (the FedGSP paper does not give
+the values it used): server learning rate ``eta`` 0.1 (FedYogi 0.01), ``tau`` 1e-3,
+``beta_1`` 0.9 and ``beta_2`` 0.99 (FedAdagrad has no momentum: ``beta_1 = beta_2 =
+0``). ``eta_l``, the clients' learning rate, is only logged by Flower; the clients'
+``lr`` sets it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
-from .fedavg import FedAvg, check_parameters, run_checks
+from .fedavg import FedAvg, check_parameters, run_checks, sampling_registry
 from .progress import TrainingProgress
 from .state import NodeMap, StrategyState
 
@@ -45,7 +46,8 @@ _MOMENTS = ("m_t", "v_t")
 class _Validated:
     """Our FedAvg's parameters and the optimizer's checkpoint, for a class whose bases
     are ``(_Validated, <Flower's optimizer>, FedAvg)``: Flower's constructors do not
-    pass ``max_untrained_rounds`` and ``server_threads`` on, so they are taken here.
+    pass ``max_untrained_rounds``, ``server_threads`` and ``query_timeout`` on, so they
+    are taken here.
     """
 
     current_arrays: dict[str, np.ndarray] | None
@@ -57,18 +59,19 @@ class _Validated:
     weighted_by_key: str
 
     def __init__(self, *, max_untrained_rounds: int = 3, server_threads: int | None = None,
-                 **kwargs: Any) -> None:
+                 query_timeout: float = 300.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_parameters(type(self).__name__, [
-            *run_checks(max_untrained_rounds, server_threads),
+            *run_checks(max_untrained_rounds, server_threads, query_timeout),
             (self.eta > 0, f"eta must be > 0, got {self.eta!r}"),
             (self.tau > 0, f"tau must be > 0, got {self.tau!r}"),
             (0 <= self.beta_1 < 1 and 0 <= self.beta_2 < 1,
              f"beta_1 and beta_2 must be in [0, 1), got {self.beta_1!r}, {self.beta_2!r}"),
         ])
-        self.server_threads = server_threads
+        self.server_threads, self.query_timeout = server_threads, query_timeout
         self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
                                          self.weighted_by_key)
+        self.known = sampling_registry(type(self).__name__, query_timeout)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -110,6 +113,8 @@ class FedAdagrad(_Validated, FlowerFedAdagrad, FedAvg):
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     server_threads : int | None (default: None)
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
+    query_timeout : float (default: 300.0)
+        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     **kwargs : Any
         :class:`flwr.serverapp.strategy.FedAdagrad`'s parameters (``eta`` 0.1, ``tau``
         1e-3, sampling fractions, ...).
@@ -125,6 +130,8 @@ class FedAdam(_Validated, FlowerFedAdam, FedAvg):
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     server_threads : int | None (default: None)
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
+    query_timeout : float (default: 300.0)
+        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     **kwargs : Any
         :class:`flwr.serverapp.strategy.FedAdam`'s parameters (``eta`` 0.1, ``beta_1``
         0.9, ``beta_2`` 0.99, ``tau`` 1e-3, sampling fractions, ...).
@@ -139,6 +146,8 @@ class FedYogi(_Validated, FlowerFedYogi, FedAvg):
     max_untrained_rounds : int (default: 3)
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     server_threads : int | None (default: None)
+        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
+    query_timeout : float (default: 300.0)
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     **kwargs : Any
         :class:`flwr.serverapp.strategy.FedYogi`'s parameters (``eta`` 0.01, ``beta_1``

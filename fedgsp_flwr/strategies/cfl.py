@@ -173,7 +173,7 @@ class CFL(ServerSideRound):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(query_timeout=query_timeout, **kwargs)
         check_parameters("CFL", [
             (_number(eps1) and eps1 > 0, f"eps1 must be a number > 0, got {eps1!r}"),
             (_number(eps2) and eps2 >= 0, f"eps2 must be a number >= 0, got {eps2!r}"),
@@ -184,8 +184,6 @@ class CFL(ServerSideRound):
             (linkage in LINKAGES, f"linkage must be one of {LINKAGES}, got {linkage!r}"),
             (_number(split_quorum) and 0 < split_quorum <= 1,
              f"split_quorum must be in (0, 1], got {split_quorum!r}"),
-            (_number(query_timeout) and query_timeout > 0,
-             f"query_timeout must be > 0, got {query_timeout!r}"),
         ])
         self.rule = SplitRule(float(eps1), float(eps2), min_split_size, warmup_rounds)
         self.linkage, self.split_quorum = linkage, float(split_quorum)

@@ -27,7 +27,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .metrics import aggregate_metrics, reply_metrics
-from .nodes import NodeRegistry
+from .nodes import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .state import NodeMap, StrategyState
@@ -46,15 +46,25 @@ def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:
             raise ValueError(f"{owner}: {message}")
 
 
-def run_checks(max_untrained_rounds: int, server_threads: int | None
-               ) -> list[tuple[bool, str]]:
+def run_checks(max_untrained_rounds: int, server_threads: int | None,
+               query_timeout: float) -> list[tuple[bool, str]]:
     """The checks of FedAvg's own parameters, for :func:`check_parameters`."""
     return [
+        (isinstance(query_timeout, (int, float)) and not isinstance(query_timeout, bool)
+         and query_timeout > 0, f"query_timeout must be > 0, got {query_timeout!r}"),
         (type(max_untrained_rounds) is int and max_untrained_rounds >= 1,
          f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
         (server_threads is None or (type(server_threads) is int and server_threads >= 1),
          f"server_threads must be None or an integer >= 1, got {server_threads!r}"),
     ]
+
+
+def sampling_registry(owner: str, query_timeout: float) -> NodeRegistry:
+    """The FedAvg family's node registry: partition ids only, to sample in
+    :func:`~fedgsp_flwr.core.sampling.partition_order` (see :class:`FedAvg`)."""
+    return NodeRegistry(owner, query_timeout, SAMPLING_FALLBACK, asks="partition",
+                        absent="Flower's sampling still sends them their messages",
+                        missing_level=INFO)
 
 
 def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
@@ -120,6 +130,14 @@ class FedAvg(FlowerFedAvg):
     the run with :class:`~fedgsp_flwr.strategies.progress.TrainingStalled`, naming the
     cause the replies gave, and so does a run that trained in no round at all.
 
+    Flower samples the nodes of a round with the seeded ``random.sample`` over the
+    grid's node list; the list it is given here is in partition-id order (each new node
+    is asked its ``partition-id`` once with ``query.partition``; no data is shared), so
+    a seed draws the same partitions in every launch, although the simulation engine
+    and the SuperLink give the nodes new ids each time. A ClientApp without our
+    ``query.partition`` handler is probed with one message, and one INFO line says that
+    its nodes are sampled in node-id order, as Flower's FedAvg does.
+
     :attr:`history` records per round the aggregated client metrics, the replies used
     and rejected, the model bytes sent and received in training (``bytes-sent``,
     ``bytes-received``), the models uploaded (``uploads``: replies with content) and
@@ -134,6 +152,8 @@ class FedAvg(FlowerFedAvg):
         BLAS/OpenMP threads for the strategy's own numpy work during :meth:`start`.
         ``None``: 1 in Flower's simulation engine, whose ClientApps own the cores (see
         :mod:`fedgsp_flwr.threads`), the process's setting in deployment.
+    query_timeout : float (default: 300.0)
+        Seconds to wait for the nodes' answers to a query (their partition ids here).
     **kwargs : Any
         :class:`flwr.serverapp.strategy.FedAvg`'s parameters.
 
@@ -141,23 +161,24 @@ class FedAvg(FlowerFedAvg):
     ----------
     history : dict[int, dict[str, Any]]
         Per-round metrics, by round.
-    known : NodeRegistry | None
-        What the strategy knows of the nodes (strategies that ask for histograms); it
-        goes into the checkpoint and translates node ids on resume.
+    known : NodeRegistry
+        What the strategy knows of the nodes (partition ids; histograms for the
+        strategies that ask for them); it goes into the checkpoint and translates node
+        ids on resume.
     progress : TrainingProgress
         The last model that trained, and the count of rounds without one.
     """
 
     def __init__(self, *, max_untrained_rounds: int = 3, server_threads: int | None = None,
-                 **kwargs: Any) -> None:
+                 query_timeout: float = 300.0, **kwargs: Any) -> None:
         for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
             kwargs[key] = kwargs.get(key) or aggregate_metrics
         super().__init__(**kwargs)
         check_parameters(type(self).__name__,
-                         run_checks(max_untrained_rounds, server_threads))
-        self.server_threads = server_threads
+                         run_checks(max_untrained_rounds, server_threads, query_timeout))
+        self.server_threads, self.query_timeout = server_threads, query_timeout
         self.history: dict[int, dict[str, Any]] = {}
-        self.known: NodeRegistry | None = None
+        self.known = sampling_registry(type(self).__name__, query_timeout)
         self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
                                          self.weighted_by_key)
         self.start_timeout = math.inf
@@ -236,18 +257,20 @@ class FedAvg(FlowerFedAvg):
     def checkpoint_state(self) -> StrategyState:
         """The state to save after a round: what is known of the nodes."""
         state = StrategyState()
-        if self.known is not None:
-            state.merge("known", self.known.checkpoint_state())
+        state.merge("known", self.known.checkpoint_state())
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`, node ids translated by ``node_map``."""
-        if self.known is not None:
-            self.known.restore_state(state.part("known"), node_map)
+        """Take back :meth:`checkpoint_state`, node ids translated by ``node_map`` (a
+        checkpoint of an older version without the nodes' state leaves them to be
+        asked again).
+        """
+        if (known := state.part("known")).meta:
+            self.known.restore_state(known, node_map)
 
     def node_partitions(self) -> dict[int, int]:
         """The ``partition-id`` each known node reported (to translate node ids)."""
-        return dict(self.known.partition_ids) if self.known is not None else {}
+        return dict(self.known.partition_ids)
 
     def artifacts(self, final: bool) -> dict[str, bytes | str]:
         """Files of the strategy's own state for the run's results folder (by name)."""
@@ -256,9 +279,12 @@ class FedAvg(FlowerFedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Remember the arrays sent, to check the replies' shapes against them."""
+        """Flower's sampling over the nodes in partition order (see the class doc);
+        remember the arrays sent, to check the replies' shapes against them.
+        """
         self._sent_arrays = arrays
-        messages = list(super().configure_train(server_round, arrays, config, grid))
+        messages = list(super().configure_train(server_round, arrays, config,
+                                                PartitionOrderGrid(grid, self.known)))
         self._sent_count = len(messages)
         self.history.setdefault(server_round, {})["bytes-sent"] = (
             len(messages) * arrays.count_bytes())
@@ -268,8 +294,11 @@ class FedAvg(FlowerFedAvg):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Note when the evaluation messages leave, to time their round trip."""
-        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        """Flower's sampling over the nodes in partition order; note when the
+        evaluation messages leave, to time their round trip.
+        """
+        messages = list(super().configure_evaluate(server_round, arrays, config,
+                                                   PartitionOrderGrid(grid, self.known)))
         self._start_clock("evaluate", messages)
         return messages
 

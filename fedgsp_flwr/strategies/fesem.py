@@ -109,14 +109,13 @@ class FeSEM(ServerSideRound):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(query_timeout=query_timeout, **kwargs)
         checks = [
             (isinstance(k, int) and k >= 1, f"k must be an integer >= 1, got {k!r}"),
             (init in INITS, f"init must be one of {INITS}, got {init!r}"),
             (layers is None or len(layers) > 0, "layers must be None or name arrays"),
             (new_clients in NEW_CLIENTS,
              f"new_clients must be one of {NEW_CLIENTS}, got {new_clients!r}"),
-            (query_timeout > 0, f"query_timeout must be > 0, got {query_timeout}"),
             (init != "seeds" or centre_factory is not None,
              "init='seeds' needs a centre_factory (centre k's initial model)"),
         ]

@@ -102,13 +102,13 @@ class HierFL(ServerSideRound):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(query_timeout=query_timeout, **kwargs)
         checks = [
             (policy in POLICIES, f"policy must be one of {POLICIES}"),
             (num_edges >= 1, "num_edges must be >= 1"),
             (1 <= reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
             (tau1 >= 1 and tau2 >= 1, "tau1 and tau2 must be >= 1"),
-            (time_limit > 0 and query_timeout > 0, "time_limit and query_timeout must be > 0"),
+            (time_limit > 0, f"time_limit must be > 0, got {time_limit}"),
             (size_tolerance >= 0, "size_tolerance must be >= 0"),
             (policy != "original" or topology is None or topology.original is not None,
              "policy 'original' needs a topology with an original assignment"),

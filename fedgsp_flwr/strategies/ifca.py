@@ -171,7 +171,7 @@ class IFCA(ServerSideRound):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(query_timeout=query_timeout, **kwargs)
         check_parameters("IFCA", [
             (type(k) is int and k >= 1, f"k must be an integer >= 1, got {k!r}"),
             (init in INITS, f"init must be one of {INITS}, got {init!r}"),
@@ -184,7 +184,6 @@ class IFCA(ServerSideRound):
              f"warmup_rounds must be an integer >= 0, got {warmup_rounds!r}"),
             (loss_key is None or (isinstance(loss_key, str) and loss_key != ""),
              f"loss_key must be None or a metric name, got {loss_key!r}"),
-            (query_timeout > 0, f"query_timeout must be > 0, got {query_timeout}"),
         ])
         self.k, self.init, self.model_factory = k, init, model_factory
         self.head_layers = list(head_layers) if head_layers is not None else None

@@ -17,6 +17,7 @@ from flwr.serverapp import Grid
 
 from ..core.hooks import UNSUPPORTED_HOOK_TEXT
 from ..core.sampling import partition_order
+from ..grids import GridView
 from .replies import error_text
 from .state import NodeMap, StrategyState, from_pairs, pairs, stack_rows
 
@@ -24,6 +25,9 @@ MAX_HISTOGRAM_COUNT = 10**9
 # What IFCA, CFL and FeSEM do for nodes that state no partition id (asks="partition").
 PARTITION_FALLBACK = ("nodes are ordered by node id (no partition ids: the order differs "
                       "from run to run and no ARI is reported)")
+# What Flower's own sampling (the FedAvg family) does for such nodes.
+SAMPLING_FALLBACK = ("nodes are sampled in node-id order: node ids change from launch to "
+                     "launch, so a seed draws other clients each time")
 # Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
 UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
@@ -92,10 +96,14 @@ class HookSupport:
         The strategy's name, for the warning.
     fallbacks : Mapping[str, str]
         What the strategy does instead, by message type.
+    level : int (default: WARNING)
+        Log level of that message (INFO where the fallback loses nothing the user had
+        with Flower's own strategy).
     """
 
-    def __init__(self, owner: str, fallbacks: Mapping[str, str]) -> None:
-        self.owner, self.fallbacks = owner, dict(fallbacks)
+    def __init__(self, owner: str, fallbacks: Mapping[str, str], level: int = WARNING
+                 ) -> None:
+        self.owner, self.fallbacks, self.level = owner, dict(fallbacks), level
         self.present: set[str] = set(BASIC_TYPES)
         self.missing: dict[str, Message] = {}  # message type -> the ClientApp's error
 
@@ -150,7 +158,7 @@ class HookSupport:
 
     def _mark_missing(self, kind: str, reply: Message) -> None:
         self.missing[kind] = reply
-        log(WARNING, "%s: the nodes' ClientApp has no '%s' handler (node %d answered: %s). "
+        log(self.level, "%s: the nodes' ClientApp has no '%s' handler (node %d answered: %s). "
             "Fallback: %s. The other nodes are not asked. To add our handlers to your "
             "ClientApp:\n    %s", self.owner, kind, reply.metadata.src_node_id,
             error_text(reply.error.reason),
@@ -366,7 +374,13 @@ class NodeRegistry:
         ``"histogram"`` (default): ``query.histogram``, the class histogram plus the
         partition id, edges and cluster the node config states (FedGSP, HierFL,
         Semi-FL). ``"partition"``: ``query.partition``, the partition id only, no data
-        (for strategies that only order nodes by it: IFCA, CFL, FeSEM).
+        (for strategies that only order nodes by it: IFCA, CFL, FeSEM, the FedAvg
+        family).
+    absent : str
+        What happens to nodes that did not answer at all (said in the warning).
+    missing_level : int (default: WARNING)
+        Log level of the one line that says the nodes' ClientApp lacks the query's
+        handler (see :class:`HookSupport`).
 
     Attributes
     ----------
@@ -386,12 +400,13 @@ class NodeRegistry:
 
     def __init__(self, owner: str, timeout: float,
                  fallback: str = "nodes without a histogram are placed at random",
-                 asks: str = "histogram") -> None:
+                 asks: str = "histogram", absent: str = "they sit out until they do",
+                 missing_level: int = WARNING) -> None:
         if asks not in ("histogram", "partition"):
             raise ValueError(f"asks must be 'histogram' or 'partition', got {asks!r}")
-        self.owner, self.timeout, self.asks = owner, timeout, asks
+        self.owner, self.timeout, self.asks, self.absent = owner, timeout, asks, absent
         self.message_type = f"query.{asks}"
-        self.hooks = HookSupport(owner, {self.message_type: fallback})
+        self.hooks = HookSupport(owner, {self.message_type: fallback}, missing_level)
         self.histograms: dict[int, np.ndarray] = {}
         self.without: dict[int, str] = {}
         self.partition_ids: dict[int, int] = {}
@@ -428,8 +443,8 @@ class NodeRegistry:
             log(WARNING, "%s: %d node(s) without a usable %s reply: %s", self.owner,
                 len(answered), self.message_type, self.hooks.fallbacks[self.message_type])
         if self.unreachable:
-            log(WARNING, "%s: node(s) %s did not answer; they sit out until they do",
-                self.owner, sorted(self.unreachable))
+            log(WARNING, "%s: node(s) %s did not answer; %s", self.owner,
+                sorted(self.unreachable), self.absent)
 
     def reachable(self, grid: Grid, connected: Sequence[int]) -> list[int]:
         """The connected nodes that can take part in a round, in :meth:`order`.
@@ -483,3 +498,34 @@ class NodeRegistry:
         self.edges = from_pairs(meta["edges"], nodes)
         self.cluster_ids = from_pairs(meta["cluster-ids"], nodes)
         self.unreachable = {nodes(n) for n in meta["unreachable"]}
+
+
+class PartitionOrderGrid(GridView):
+    """A view of ``grid`` whose ``get_node_ids()`` lists the connected nodes in
+    :func:`partition_order`, asking new nodes their partition id first.
+
+    Flower's ``sample_nodes`` draws with the seeded ``random.sample`` from that list, so
+    a seed samples the same partitions in every launch, whatever node ids the engine or
+    the SuperLink gave the nodes. A node that did not answer stays in the list (Flower
+    sends it its message, as it would have) and is asked again by the next view.
+
+    Parameters
+    ----------
+    grid : Grid
+        The run's grid (every other call goes to it).
+    registry : NodeRegistry
+        What is known of the nodes; it asks the new ones.
+    """
+
+    def __init__(self, grid: Grid, registry: NodeRegistry) -> None:
+        super().__init__(grid)
+        self.registry = registry
+        self.asked: set[int] = set()
+
+    def get_node_ids(self) -> list[int]:
+        connected = list(self.grid.get_node_ids())
+        here = set(connected)
+        self.registry.forget([n for n in self.registry.known_nodes() if n not in here])
+        self.registry.refresh(self.grid, [n for n in connected if n not in self.asked])
+        self.asked |= here  # Flower asks again while it waits for nodes to connect
+        return self.registry.order(connected)

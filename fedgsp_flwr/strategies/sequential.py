@@ -77,10 +77,9 @@ class RelayStrategy(ServerSideRound):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(query_timeout=query_timeout, **kwargs)
         problem = relay_message_type_problem(relay_message_type)
         check_parameters(type(self).__name__, [
-            (query_timeout > 0, f"query_timeout must be > 0, got {query_timeout}"),
             (problem is None, problem or ""),
             (poll_interval > 0, f"poll_interval must be > 0, got {poll_interval}"),
         ])

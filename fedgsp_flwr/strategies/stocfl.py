@@ -181,7 +181,7 @@ class StoCFL(ServerSideRound):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(query_timeout=query_timeout, **kwargs)
         checks = [
             (-1.0 <= tau <= 1.0, f"tau must be in [-1, 1], got {tau}"),
             (lambda_ >= 0, f"lambda_ must be >= 0, got {lambda_}"),
@@ -191,7 +191,6 @@ class StoCFL(ServerSideRound):
             (merge_model in MERGE_MODELS,
              f"merge_model must be one of {MERGE_MODELS}, got {merge_model!r}"),
             (0.0 <= holdout_fraction < 1.0, "holdout_fraction must be in [0, 1)"),
-            (query_timeout > 0, f"query_timeout must be > 0, got {query_timeout}"),
         ]
         check_parameters("StoCFL", checks)
         self.tau, self.lambda_ = tau, lambda_
@@ -202,7 +201,6 @@ class StoCFL(ServerSideRound):
         self._train_config = ConfigRecord()  # the last round's, for sketch queries
         self.holdout_fraction = holdout_fraction
         self.ground_truth = dict(ground_truth or {})
-        self.query_timeout = query_timeout
         self.hooks = HookSupport("StoCFL", FALLBACKS)
         self.cluster_eval: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self.rng = np.random.default_rng([seed, 0])

@@ -109,7 +109,8 @@ def test_the_global_model_is_fedavgs_bit_for_bit(fraction: float) -> None:
         assert ditto.history[r]["eval-loss-global"] == fedavg.history[r]["eval-loss"]
         assert ditto.history[r]["eval-acc-global"] == fedavg.history[r]["eval-acc"]
         assert ditto.history[r]["train-replies"] == fedavg.history[r]["train-replies"]
-    assert {k for _, _, k, _ in federation.grid.pushed} == {"train.ditto", "evaluate.ditto"}
+    assert {k for _, _, k, _ in federation.grid.pushed} == {
+        "query.partition", "train.ditto", "evaluate.ditto"}
     sent = federation.pushed("train.ditto")[0][1].content["config"]
     assert (sent["lambda"], sent["personal-epochs"], sent["personal-steps"]) == (0.5, 0, 0)
 
@@ -178,6 +179,7 @@ def test_a_plain_app_runs_fedavg_with_one_probe_and_one_warning(
     assert same(result.arrays, expected.arrays)
     kinds = [k for _, _, k, _ in plain.pushed]
     assert kinds.count("train.ditto") == 1 and "evaluate.ditto" not in kinds
+    assert kinds.count("query.partition") == 1  # FedAvg's sampling order: one probe
     assert kinds.count("train") == 3 * NODES and kinds.count("evaluate") == 3 * NODES
     warnings = [r.getMessage() for r in caplog.records if "Ditto" in r.getMessage()]
     assert len(warnings) == 1

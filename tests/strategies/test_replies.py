@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
+from fakegrid import FakeGrid, partition_node
 from fedgsp_flwr.strategies import FedAvg, FedProx, aggregate_metrics, filter_replies
 from helpers import instruction
 
@@ -137,12 +138,9 @@ def test_evaluate_replies_need_no_arrays_but_a_weight() -> None:
 
 
 def test_configure_train_remembers_the_model_sent() -> None:
-    class OneNodeGrid:
-        def get_node_ids(self) -> list[int]:
-            return [5, 6]
-
+    grid = FakeGrid({5: partition_node(0), 6: partition_node(1)})
     strategy = FedAvg(min_available_nodes=1)
-    messages = list(strategy.configure_train(1, REFERENCE, ConfigRecord(), OneNodeGrid()))
+    messages = list(strategy.configure_train(1, REFERENCE, ConfigRecord(), grid))
     assert {m.metadata.dst_node_id for m in messages} == {5, 6}
     assert strategy._sent_arrays is REFERENCE
     assert strategy.history[1]["bytes-sent"] == 2 * REFERENCE.count_bytes()
@@ -171,13 +169,10 @@ def test_aggregation_does_not_depend_on_reply_order() -> None:
 
 
 def test_round_trips_are_timed_from_sending_to_aggregating() -> None:
-    class TwoNodeGrid:
-        def get_node_ids(self) -> list[int]:
-            return [1, 2]
-
+    grid = FakeGrid({1: partition_node(0), 2: partition_node(1)})
     strategy = FedAvg(min_available_nodes=1)
-    list(strategy.configure_train(1, REFERENCE, ConfigRecord(), TwoNodeGrid()))
-    list(strategy.configure_evaluate(1, REFERENCE, ConfigRecord(), TwoNodeGrid()))
+    list(strategy.configure_train(1, REFERENCE, ConfigRecord(), grid))
+    list(strategy.configure_evaluate(1, REFERENCE, ConfigRecord(), grid))
     time.sleep(0.05)
     strategy.aggregate_train(1, [reply(1), reply(2)])
     assert 0.05 <= strategy.history[1]["train-time"] < 5
@@ -185,6 +180,6 @@ def test_round_trips_are_timed_from_sending_to_aggregating() -> None:
     # Round 1's evaluation is sent but never aggregated, round 2 sends nothing: round
     # 1's clock must not leak into round 2.
     strategy.fraction_evaluate = 0.0
-    assert list(strategy.configure_evaluate(2, REFERENCE, ConfigRecord(), TwoNodeGrid())) == []
+    assert list(strategy.configure_evaluate(2, REFERENCE, ConfigRecord(), grid)) == []
     strategy.aggregate_evaluate(2, [])
     assert "eval-time" not in strategy.history.get(2, {})

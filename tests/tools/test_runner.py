@@ -314,7 +314,8 @@ def test_only_and_seeds_run_a_subset_and_the_tables_cover_every_complete_run(
     assert FakeSimulation.launched == [("fedgsp", 0), ("fedavg", 2), ("fedgsp", 2)]
     rows = json.loads((results / "e" / "summary.json").read_text())
     assert [(r["strategy"], r["seeds"]) for r in rows] == [("base", 2), ("fast", 2)]
-    for bad in (["--only", "fedprox"], ["--seeds", "5"], ["--seeds", "one"]):
+    for bad in (["--only", "fedprox"], ["--seeds", "5"], ["--seeds", "one"], ["--only", ""],
+                ["--only", ","], ["--seeds", " "]):
         with pytest.raises(SystemExit):
             simulation.main([str(spec), "--results", str(results), *bad])
     assert len(FakeSimulation.launched) == 3  # nothing ran for a bad selection
@@ -338,5 +339,10 @@ def test_rounds_that_lost_replies_are_counted() -> None:
     assert simulation.short_rounds(run(usual, {"train-replies": 3}, usual,
                                        {"train-replies": 30, "train-rejected": 1})) == 2
     assert simulation.short_rounds(run({"hops": 5}, {"hops": 4, "skipped-nodes": 1})) == 1
+    # FedGSP's growing group count: 1, 2, 4 groups trained, nothing lost, nothing short
+    growing = [{"train-replies": g, "groups-trained": g, "hops": 3 * g, "skipped-nodes": 0}
+               for g in (1, 2, 4, 4, 4)]
+    assert simulation.short_rounds(run(*growing)) == 0
+    assert simulation.short_rounds(run(*growing[:4], {**growing[4], "skipped-nodes": 2})) == 1
     # a round of fewer replies than clients sampled, in a run where that is the norm
     assert simulation.short_rounds(run(*[{"train-replies": 9, "sampled": 10}] * 3)) == 3
