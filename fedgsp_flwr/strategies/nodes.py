@@ -26,8 +26,9 @@ MAX_HISTOGRAM_COUNT = 10**9
 PARTITION_FALLBACK = ("nodes are ordered by node id (no partition ids: the order differs "
                       "from run to run and no ARI is reported)")
 # What Flower's own sampling (the FedAvg family) does for such nodes.
-SAMPLING_FALLBACK = ("nodes are sampled in node-id order: node ids change from launch to "
-                     "launch, so a seed draws other clients each time")
+SAMPLING_FALLBACK = ("nodes are sampled in node-id order, as Flower's FedAvg does (the "
+                     "simulation engine draws new node ids at each launch, so a seed "
+                     "then trains other clients each time)")
 # Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
 UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
@@ -379,8 +380,8 @@ class NodeRegistry:
     absent : str
         What happens to nodes that did not answer at all (said in the warning).
     missing_level : int (default: WARNING)
-        Log level of the one line that says the nodes' ClientApp lacks the query's
-        handler (see :class:`HookSupport`).
+        Log level of the line that says the nodes' ClientApp lacks the query's handler
+        (see :class:`HookSupport`) or that nodes answered without a usable reply.
 
     Attributes
     ----------
@@ -440,7 +441,7 @@ class NodeRegistry:
         answered = {n: r for n, r in replies.failed.items() if n not in replies.unreachable}
         self.without.update(answered)
         if any(MISSING_HANDLER_TEXT not in reason for reason in answered.values()):
-            log(WARNING, "%s: %d node(s) without a usable %s reply: %s", self.owner,
+            log(self.hooks.level, "%s: %d node(s) without a usable %s reply: %s", self.owner,
                 len(answered), self.message_type, self.hooks.fallbacks[self.message_type])
         if self.unreachable:
             log(WARNING, "%s: node(s) %s did not answer; %s", self.owner,

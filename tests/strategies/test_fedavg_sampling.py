@@ -95,6 +95,27 @@ def test_a_plain_app_is_sampled_as_flower_does_after_one_probe_and_one_info_line
         sampled(lambda: FedAvg(fraction_train=0.25), FIRST))
 
 
+def test_nodes_without_a_partition_id_are_sampled_by_node_id_with_an_info_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    def no_partition(message: Message) -> Message:  # our hooks, no partition-id config
+        if message.metadata.message_type == "query.partition":
+            return Message(RecordDict({"metrics": MetricRecord({})}), reply_to=message)
+        content = RecordDict({"metrics": MetricRecord({"num-examples": 5})})
+        if message.metadata.message_type == "train":
+            content["arrays"] = message.content["arrays"]
+        return Message(content, reply_to=message)
+
+    grid = FakeGrid({n: no_partition for n in (30, 10, 20)})
+    strategy = FedAvg(fraction_evaluate=0.0)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        run_rounds(strategy, grid, INITIAL, 2)
+    assert [kind for _, _, kind, _ in grid.pushed].count("query.partition") == 3
+    lines = [r for r in caplog.records if "without a usable query.partition" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    assert strategy.known.order([30, 10, 20]) == [10, 20, 30]
+    assert strategy.history[2]["train-replies"] == 3
+
+
 def test_a_checkpoint_without_the_nodes_state_is_still_taken() -> None:
     strategy = FedAvg()
     strategy.restore_state(StrategyState(), lambda node: node)  # an older checkpoint
