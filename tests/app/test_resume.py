@@ -62,7 +62,7 @@ def grid_of(cfg: RunConfig, node_ids: list[int], received: list[str] | None = No
                 received.append(message.metadata.message_type)
             return client_app.app(message, c)
         handlers[node] = handle
-    return FakeGrid(handlers)
+    return FakeGrid(dict(sorted(handlers.items())))  # listed by node id, as a SuperLink
 
 
 def config(tmp_path: Path, strategy: str, rounds: int, name: str, **extra: object) -> RunConfig:
@@ -158,3 +158,20 @@ def test_resuming_with_a_changed_run_config_is_refused(tmp_path: Path) -> None:
     missing = config(tmp_path, "fedavg", 2, "x", **{"resume-from": str(tmp_path / "nope")})
     with pytest.raises(ConfigError, match="does not exist"):
         server_app.run(grid_of(missing, [1, 2, 3, 4]), missing)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedadam", "ditto"])
+def test_a_seed_trains_the_same_clients_whatever_the_node_ids(tmp_path: Path,
+                                                               strategy: str) -> None:
+    """Two launches of a seed whose nodes got other ids, listed in another order (the
+    simulation engine draws new ids at each launch): the FedAvg family samples by
+    partition id, so both runs are the same run.
+    """
+    first_cfg, second_cfg = (config(tmp_path, strategy, 3, name) for name in ("a", "b"))
+    first = server_app.run(grid_of(first_cfg, [11, 12, 13, 14]), first_cfg)
+    second = server_app.run(grid_of(second_cfg, [904, 903, 902, 901]), second_cfg)
+    rounds = [untimed(r) for r in read_metrics(first)["rounds"]]
+    assert [untimed(r) for r in read_metrics(second)["rounds"]] == rounds
+    expected, got = arrays(first / "model.npz"), arrays(second / "model.npz")
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
