@@ -399,8 +399,10 @@ def test_a_silent_node_sits_out_until_its_sketch_query_is_answered() -> None:
     alive = {"node 4": True}
     answer = grid.handlers[4]
     grid.handlers[4] = lambda message: answer(message) if alive["node 4"] else None
+    # The FakeGrid trains at push time, inside the timeout: 2 s was too short for six
+    # trainings on a loaded machine (every reply "late" in a CI run beside two others).
     strategy = StoCFL(tau=0.5, fraction_train=1.0, fraction_evaluate=0.0,
-                      min_available_nodes=6, train_timeout=2.0, query_timeout=1.0, seed=1)
+                      min_available_nodes=6, train_timeout=6.0, query_timeout=1.0, seed=1)
     start(strategy, grid, 1)
     cluster = strategy.clustering.cluster_of[4]
     alive["node 4"] = False
