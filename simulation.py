@@ -459,12 +459,13 @@ def short_rounds(metrics: Mapping[str, Any]) -> int:
     groups that trained, which grows with FedGSP's group count, so the mode says nothing.
     """
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
-    replies = [r["train-replies"] for r in rounds if "train-replies" in r and "hops" not in r]
+    counted = [r for r in rounds if "train-replies" in r and "hops" not in r]
+    replies = [r["train-replies"] for r in counted]
     usual = max(set(replies), key=replies.count) if replies else 0
+    few = {r["round"] for r in counted if r["train-replies"] < max(usual, r.get("sampled", 0))}
     return sum(1 for r in rounds
                if r.get("train-rejected", 0) > 0 or r.get("skipped-nodes", 0) > 0
-               or ("train-replies" in r and "hops" not in r
-                   and r["train-replies"] < max(usual, r.get("sampled", 0))))
+               or r["round"] in few)
 
 
 def complete_runs(exp: Experiment, root: Path, label: str) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
-from .fedavg import FedAvg, check_parameters, run_checks, sampling_registry
+from .fedavg import FedAvg, check_parameters, run_checks
 from .progress import TrainingProgress
 from .state import NodeMap, StrategyState
 
@@ -71,7 +71,7 @@ class _Validated:
         self.server_threads, self.query_timeout = server_threads, query_timeout
         self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
                                          self.weighted_by_key)
-        self.known = sampling_registry(type(self).__name__, query_timeout)
+        self.known = self.registry()  # FedAvg's __init__ ran with Flower's arguments only
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -190,8 +190,6 @@ class CFL(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.known: NodeRegistry = NodeRegistry(
-            "CFL", query_timeout, PARTITION_FALLBACK, asks="partition")
         self.leaves: dict[int, Model] = {}  # cluster (leaf of the tree) -> its model
         self.splits: dict[int, SplitNode] = {}  # inner nodes of the tree
         self.position: dict[int, int] = {}  # node -> its tree node (absent: ROOT)
@@ -199,6 +197,10 @@ class CFL(ServerSideRound):
         self.leaf_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self._eval_leaf: dict[int, int] = {}
         self._warned_partial = False
+
+    def registry(self) -> NodeRegistry:
+        """Partition ids only (see :meth:`FedAvg.registry`)."""
+        return NodeRegistry("CFL", self.query_timeout, PARTITION_FALLBACK, asks="partition")
 
     def summary(self) -> None:
         """Log CFL's settings, then FedAvg's."""

@@ -178,7 +178,7 @@ class FedAvg(FlowerFedAvg):
                          run_checks(max_untrained_rounds, server_threads, query_timeout))
         self.server_threads, self.query_timeout = server_threads, query_timeout
         self.history: dict[int, dict[str, Any]] = {}
-        self.known = sampling_registry(type(self).__name__, query_timeout)
+        self.known = self.registry()
         self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
                                          self.weighted_by_key)
         self.start_timeout = math.inf
@@ -244,6 +244,13 @@ class FedAvg(FlowerFedAvg):
         if not result.arrays and self.progress.last_trained is not None:
             result.arrays = self.progress.last_trained  # Flower's Result starts empty
         return result
+
+    def registry(self) -> NodeRegistry:
+        """A new registry of what the nodes say about themselves (:attr:`known`): here
+        their partition ids, to sample in a run-independent order; strategies that
+        need more of the nodes (histograms, edges) return their own.
+        """
+        return sampling_registry(type(self).__name__, self.query_timeout)
 
     def group_models(self) -> dict[int, GroupModel]:
         """The models the strategy keeps beside the global one, by id, with their

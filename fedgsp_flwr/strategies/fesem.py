@@ -126,14 +126,16 @@ class FeSEM(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.known: NodeRegistry = NodeRegistry(
-            "FeSEM", query_timeout, PARTITION_FALLBACK, asks="partition")
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
         self._eval_centre: dict[int, int] = {}  # node -> centre it was evaluated with
         self.layout: Layout | None = None
         self.start_model: ArrayRecord | None = None
         self.centres: np.ndarray | None = None
         self.assignment: dict[int, int] = {}
+
+    def registry(self) -> NodeRegistry:
+        """Partition ids only (see :meth:`FedAvg.registry`)."""
+        return NodeRegistry("FeSEM", self.query_timeout, PARTITION_FALLBACK, asks="partition")
 
     def summary(self) -> None:
         """Log FeSEM's settings, then FedAvg's."""

@@ -119,14 +119,17 @@ class HierFL(ServerSideRound):
         self.tau1, self.tau2 = tau1, tau2
         self.time_limit, self.size_tolerance = time_limit, size_tolerance
         self.rng = np.random.default_rng(seed)
-        self.known: NodeRegistry = NodeRegistry(
-            "HierFL", query_timeout, "users without class counts count as empty in the "
-            "assignment objective (with none, the assignment is arbitrary)")
         self.users: list[int] = []  # node ids, user index order
         self.edge_of: dict[int, int] = {}
         self._generated: dict[int, tuple[np.ndarray, int]] = {}  # node -> (reach, original)
         self._assignment_metrics: dict[str, float] = {}
         self.edge_models: dict[int, ArrayRecord] = {}
+
+    def registry(self) -> NodeRegistry:
+        """Class histograms, partition ids and the edges each user reaches."""
+        return NodeRegistry("HierFL", self.query_timeout, "users without class counts "
+                            "count as empty in the assignment objective (with none, the "
+                            "assignment is arbitrary)")
 
     def summary(self) -> None:
         """Log HierFL's settings, then FedAvg's."""

@@ -191,8 +191,6 @@ class IFCA(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.known: NodeRegistry = NodeRegistry(
-            "IFCA", query_timeout, PARTITION_FALLBACK, asks="partition")
         self.hooks = HookSupport("IFCA", {MESSAGE_TYPE: FALLBACK})
         self.models: list[ArrayRecord] = []
         self.head: list[str] | None = None
@@ -202,6 +200,10 @@ class IFCA(ServerSideRound):
         self.rounds_run = 0
         self.model_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by model
         self._eval_result: MetricRecord | None = None
+
+    def registry(self) -> NodeRegistry:
+        """Partition ids only (see :meth:`FedAvg.registry`)."""
+        return NodeRegistry("IFCA", self.query_timeout, PARTITION_FALLBACK, asks="partition")
 
     def summary(self) -> None:
         """Log IFCA's settings, then FedAvg's."""

@@ -453,9 +453,17 @@ class NodeRegistry:
         Forgets nodes that are no longer connected, asks new and forgotten nodes (see
         :meth:`forget`) for their histograms, and leaves out those that did not answer.
         """
-        self.forget([n for n in self.known_nodes() if n not in set(connected)])
-        self.refresh(grid, connected)
+        self.update(grid, connected)
         return self.order([n for n in connected if n not in self.unreachable])
+
+    def update(self, grid: Grid, connected: Sequence[int],
+               skip: Iterable[int] = ()) -> None:
+        """Forget the nodes no longer ``connected`` and :meth:`refresh` the others,
+        except those in ``skip``.
+        """
+        here, skipped = set(connected), set(skip)
+        self.forget([n for n in self.known_nodes() if n not in here])
+        self.refresh(grid, [n for n in connected if n not in skipped])
 
     def known_nodes(self) -> set[int]:
         """Nodes with an answer (histogram or partition id) or a reason for having none."""
@@ -525,8 +533,6 @@ class PartitionOrderGrid(GridView):
 
     def get_node_ids(self) -> list[int]:
         connected = list(self.grid.get_node_ids())
-        here = set(connected)
-        self.registry.forget([n for n in self.registry.known_nodes() if n not in here])
-        self.registry.refresh(self.grid, [n for n in connected if n not in self.asked])
-        self.asked |= here  # Flower asks again while it waits for nodes to connect
+        self.registry.update(self.grid, connected, skip=self.asked)
+        self.asked.update(connected)  # Flower asks again while it waits for nodes
         return self.registry.order(connected)

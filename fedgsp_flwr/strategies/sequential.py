@@ -87,12 +87,14 @@ class RelayStrategy(ServerSideRound):
         self.weighted_average = weighted_average
         self.poll_interval = poll_interval
         self.rng = np.random.default_rng(seed)
-        self.known: NodeRegistry = NodeRegistry(type(self).__name__, query_timeout,
-                                                    self.histogram_fallback)
         self.plain_nodes: set[int] = set()  # nodes without a relay_message_type handler
         self.last_chains: list[ChainResult] = []
         # Every round's chains in hop order, by partition id where known (chains.json).
         self.chain_log: dict[int, list[list[int | str]]] = {}
+
+    def registry(self) -> NodeRegistry:
+        """Class histograms and partition ids (and Semi-FL's clusters), for grouping."""
+        return NodeRegistry(type(self).__name__, self.query_timeout, self.histogram_fallback)
 
     @abstractmethod
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:

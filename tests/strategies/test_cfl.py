@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fakegrid import FakeGrid
+from fakegrid import FakeGrid, partition_node
 from fedgsp_flwr.app.checkpoint import ResumedRounds
 from fedgsp_flwr.strategies.cfl import CFL, ROOT
 from fedgsp_flwr.strategies.state import StrategyState
@@ -46,9 +46,6 @@ def node_handler(partition: int, groups: int = 4, metric: str = "train-loss",
 
     def handle(message: Message) -> Message:
         kind = message.metadata.message_type
-        if kind == "query.partition":
-            return Message(RecordDict({"metrics": MetricRecord({"partition-id": partition})}),
-                           reply_to=message)
         head = message.content["arrays"]["head"].numpy().astype(np.float64)
         if kind == "evaluate":
             metrics = MetricRecord({"num-examples": 5,
@@ -69,7 +66,7 @@ def node_handler(partition: int, groups: int = 4, metric: str = "train-loss",
         return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}),
                        reply_to=message)
 
-    return handle
+    return partition_node(partition, handle)
 
 
 def node_id(partition: int) -> int:

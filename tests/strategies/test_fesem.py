@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from fakegrid import FakeGrid
+from fakegrid import FakeGrid, partition_node
 from fedgsp_flwr.strategies.fesem import FeSEM
 from helpers import run_rounds
 
@@ -25,9 +25,6 @@ def node_handler(partition: int, groups: int = 3, nan: bool = False):
 
     def handle(message: Message) -> Message:
         kind = message.metadata.message_type
-        if kind == "query.partition":
-            return Message(RecordDict({"metrics": MetricRecord({"partition-id": partition})}),
-                           reply_to=message)
         head = message.content["arrays"]["head"].numpy()
         if kind == "evaluate":
             nearest = int(np.argmin(((TARGETS[:groups] - head) ** 2).sum(1)))
@@ -42,7 +39,7 @@ def node_handler(partition: int, groups: int = 3, nan: bool = False):
         metrics = MetricRecord({"num-examples": 10 + partition, "train-loss": 0.5})
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=message)
 
-    return handle
+    return partition_node(partition, handle)
 
 
 def node_id(partition: int) -> int:

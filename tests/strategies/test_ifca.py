@@ -12,7 +12,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fakegrid import FakeGrid
+from fakegrid import FakeGrid, partition_node
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ifca import make_ifca_handler
 from fedgsp_flwr.data import ClientData
@@ -56,9 +56,6 @@ def node_handler(partition: int, groups: int = 3, plain: bool = False,
 
     def handle(message: Message) -> Message:
         kind, content = message.metadata.message_type, message.content
-        if kind == "query.partition":
-            return Message(RecordDict({"metrics": MetricRecord({"partition-id": partition})}),
-                           reply_to=message)
         if kind == "evaluate":
             head = content["arrays"]["head"].numpy()
             distance = float(((head - TARGETS[group]) ** 2).sum())
@@ -80,7 +77,7 @@ def node_handler(partition: int, groups: int = 3, plain: bool = False,
             return hostile(message, answer) if hostile else answer
         raise ValueError(MISSING if kind == "train.ifca" else f"unexpected {kind}")
 
-    return handle
+    return partition_node(partition, handle)
 
 
 def node_id(partition: int, shift: int = 0) -> int:
