@@ -25,6 +25,8 @@ Experiment file::
                                     # (mean, std over seeds) at these rounds
     final-rounds = 5                # optional: a run's final accuracy is the mean over
                                     # its last 5 rounds (default 1: the last round)
+    loss-metric = "eval-loss"       # optional: the loss summarised beside it, over the
+                                    # same rounds (default central-loss)
 
     [run-config]                    # shared by every run (keys of pyproject's config)
     dataset = "mnist"
@@ -125,6 +127,11 @@ class Experiment:
         A run's final accuracy is the mean of ``metric`` over its last this many
         rounds (1: the last round). More than 1 averages out the draw of the clients
         that a client metric such as ``eval-acc`` scores in a round.
+    loss_metric : str
+        The per-round loss summarised beside the accuracy (over the same last rounds):
+        ``central-loss`` (the global model on the server's test set) or a client
+        metric such as ``eval-loss``, which clustered and personalised strategies need
+        (their central model serves no client).
     paper : dict[str, dict[str, float | str]]
         Label -> the paper's numbers for it, as printed (``acc`` and ``acc-std`` in %,
         ``loss``, ``loss-std``, ``rounds``: to the paper's target, or ``"never"``).
@@ -144,6 +151,7 @@ class Experiment:
     report: list[str] = field(default_factory=list)
     report_rounds: list[int] = field(default_factory=list)
     final_rounds: int = 1
+    loss_metric: str = LOSS_METRIC
     paper: dict[str, dict[str, float | str]] = field(default_factory=dict)
     paper_source: str = ""
     source: str = field(default="", repr=False)
@@ -161,7 +169,7 @@ class Experiment:
         raw = tomllib.loads(text)
         allowed = {"name", "num-supernodes", "seeds", "run-config", "strategies",
                    "target-accuracy", "reference", "timeout", "metric", "report",
-                   "report-rounds", "final-rounds", "paper"}
+                   "report-rounds", "final-rounds", "loss-metric", "paper"}
         if unknown := set(raw) - allowed:
             raise ConfigError(f"{path}: unknown experiment field(s) {sorted(unknown)}")
         if not isinstance(raw.get("paper", {}), dict):
@@ -182,6 +190,7 @@ class Experiment:
                 report=[str(m) for m in raw.get("report", [])],
                 report_rounds=report_rounds(path, raw.get("report-rounds", [])),
                 final_rounds=final_rounds(path, raw.get("final-rounds", 1)),
+                loss_metric=str(raw.get("loss-metric", LOSS_METRIC)),
                 paper=paper_numbers(path, paper, raw.get("strategies", {})),
                 paper_source=paper_source,
                 source=text,
@@ -517,8 +526,8 @@ def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float | No
 
 def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     """One summary row per strategy: seeds, rounds run (the runs' last round), final
-    accuracy (the experiment's metric, averaged over its last ``final-rounds`` rounds)
-    and central loss (where the runs have one), rounds
+    accuracy and loss (the experiment's metrics, averaged over its last
+    ``final-rounds`` rounds; the loss where the runs have one), rounds
     to the target and to the reference's final accuracy (with the cost model's time and
     traffic and the bytes moved until then), the reported metrics at the last round,
     model bytes moved in training, wall time, rounds that lost replies (all seeds).
@@ -554,8 +563,9 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             ok = all(v is not None for v in values)
             row[f"acc-r{at}-mean"] = float(np.mean(values)) if ok else None
             row[f"acc-r{at}-std"] = float(np.std(values)) if ok else None
-        losses = [v for m in runs if (v := final(m, LOSS_METRIC)) is not None]
-        if losses:  # the central loss (FedGSP's Table 1 and Fig. 4 report it)
+        losses = [v for m in runs
+                  if (v := final(m, exp.loss_metric, exp.final_rounds)) is not None]
+        if losses:  # FedGSP's Table 1 and Fig. 4 report the central loss
             row["final-loss-mean"] = float(np.mean(losses))
             row["final-loss-std"] = float(np.std(losses))
         for name, target in (("target", exp.target_accuracy), ("reference", reference)):
@@ -592,10 +602,10 @@ def paper_rows(exp: Experiment,
 
     Columns: strategy, metric, seeds, rounds (the runs' last round), final-rounds (the
     accuracy's mean over the runs' last rounds), acc-mean and acc-std (%, population
-    std over seeds), loss-mean and loss-std where the runs have
-    a central loss, rounds-to-target/-reference where the experiment sets one, the
-    paper's acc, acc-std, loss and rounds (empty where it gives none), and acc-diff
-    (ours minus the paper's, in points).
+    std over seeds), loss-mean and loss-std where the runs have the experiment's loss
+    metric, rounds-to-target/-reference where the experiment sets one, the paper's
+    acc, acc-std, loss and rounds (empty where it gives none), and acc-diff (ours minus
+    the paper's, in points).
     """
     rows = []
     for row in summary:

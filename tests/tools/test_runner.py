@@ -71,6 +71,22 @@ def test_the_final_central_loss_is_summarised_beside_the_accuracy(tmp_path: Path
     assert row["final-loss-std"] == pytest.approx(0.1)
 
 
+def test_the_loss_metric_is_summarised_over_the_final_rounds(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, 'final-rounds = 2\nloss-metric = "eval-loss"')
+    for seed, losses in ((0, [0.6, 0.4]), (1, [0.2, 0.2])):
+        write_run(tmp_path, "base", seed, [0.1, 0.4, 0.5], traffic=None)
+        path = tmp_path / "runs" / simulation.run_name("base", seed) / "metrics.json"
+        metrics = json.loads(path.read_text())
+        for entry, loss in zip(metrics["rounds"][1:], losses, strict=True):
+            entry.update({"eval-loss": loss, "central-loss": 7.0})
+        path.write_text(json.dumps(metrics))
+    row = simulation.summarize(exp, tmp_path)[0]
+    # seed 0: mean of 0.6 and 0.4; seed 1: 0.2; the central loss is not the one asked
+    assert row["final-loss-mean"] == pytest.approx(0.35)
+    assert row["final-loss-std"] == pytest.approx(0.15)
+    assert simulation.paper_rows(exp, [row])[0]["loss-mean"] == pytest.approx(0.35)
+
+
 def test_the_accuracy_at_the_report_rounds_is_summarised_over_seeds(tmp_path: Path) -> None:
     exp = experiment(tmp_path, "report-rounds = [3, 1]")
     write_run(tmp_path, "base", 0, [0.1, 0.4, 0.6, 0.7], traffic=None)
