@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,17 @@ import simulation
 
 
 def write_run(root: Path, label: str, seed: int, accs: list[float],
-              traffic: int | None) -> None:
+              traffic: int | None,
+              metrics: Mapping[str, Sequence[float | None]] | None = None) -> None:
+    """A complete run with ``accs`` as its central accuracy from round 0 on, and each of
+    ``metrics`` (values by round from round 0, None: not recorded that round)."""
     folder = root / "runs" / simulation.run_name(label, seed)
     folder.mkdir(parents=True)
     rounds = [{"round": r, "central-acc": a} for r, a in enumerate(accs)]
+    for key, values in (metrics or {}).items():
+        for entry, value in zip(rounds, values, strict=True):
+            if value is not None:
+                entry[key] = value
     if traffic is not None:
         for entry in rounds[1:]:
             entry.update({"bytes-sent": traffic, "bytes-received": 2 * traffic,
@@ -60,12 +68,8 @@ def test_the_final_central_loss_is_summarised_beside_the_accuracy(tmp_path: Path
     exp = experiment(tmp_path, "")
     for label in ("base", "fast"):
         for seed, loss in ((0, 0.5), (1, 0.3)):
-            write_run(tmp_path, label, seed, [0.1, 0.4], traffic=None)
-            path = tmp_path / "runs" / simulation.run_name(label, seed) / "metrics.json"
-            metrics = json.loads(path.read_text())
-            metrics["rounds"][-1]["central-loss"] = loss
-            metrics["rounds"][0]["central-loss"] = 9.0
-            path.write_text(json.dumps(metrics))
+            write_run(tmp_path, label, seed, [0.1, 0.4], traffic=None,
+                      metrics={"central-loss": [9.0, loss]})
     row = simulation.summarize(exp, tmp_path)[0]
     assert row["final-loss-mean"] == pytest.approx(0.4)
     assert row["final-loss-std"] == pytest.approx(0.1)
@@ -74,12 +78,8 @@ def test_the_final_central_loss_is_summarised_beside_the_accuracy(tmp_path: Path
 def test_the_loss_metric_is_summarised_over_the_final_rounds(tmp_path: Path) -> None:
     exp = experiment(tmp_path, 'final-rounds = 2\nloss-metric = "eval-loss"')
     for seed, losses in ((0, [0.6, 0.4]), (1, [0.2, 0.2])):
-        write_run(tmp_path, "base", seed, [0.1, 0.4, 0.5], traffic=None)
-        path = tmp_path / "runs" / simulation.run_name("base", seed) / "metrics.json"
-        metrics = json.loads(path.read_text())
-        for entry, loss in zip(metrics["rounds"][1:], losses, strict=True):
-            entry.update({"eval-loss": loss, "central-loss": 7.0})
-        path.write_text(json.dumps(metrics))
+        write_run(tmp_path, "base", seed, [0.1, 0.4, 0.5], traffic=None,
+                  metrics={"eval-loss": [None, *losses], "central-loss": [None, 7.0, 7.0]})
     row = simulation.summarize(exp, tmp_path)[0]
     # seed 0: mean of 0.6 and 0.4; seed 1: 0.2; the central loss is not the one asked
     assert row["final-loss-mean"] == pytest.approx(0.35)
@@ -157,14 +157,9 @@ def test_a_client_metric_is_compared_and_reported_metrics_summarised(tmp_path: P
             ("base", 0, [0.5, 0.6], None), ("base", 1, [0.5, 0.6], None),
             ("clustered", 0, [0.55, 0.9], [0.5, 1.0]),
             ("clustered", 1, [0.7, 0.8], [1.0, 1.0])):
-        write_run(tmp_path, label, seed, [0.1, 0.2, 0.3], traffic=None)
-        path = tmp_path / "runs" / simulation.run_name(label, seed) / "metrics.json"
-        metrics = json.loads(path.read_text())
-        for r, row in enumerate(metrics["rounds"][1:]):  # round 0 has no client metric
-            row["eval-acc"] = evals[r]
-            if aris:
-                row["ari"] = aris[r]
-        path.write_text(json.dumps(metrics))
+        # round 0 has no client metric
+        write_run(tmp_path, label, seed, [0.1, 0.2, 0.3], traffic=None,
+                  metrics={"eval-acc": [None, *evals], "ari": [None, *(aris or [None] * 2)]})
     rows = {row["strategy"]: row for row in simulation.summarize(exp, tmp_path)}
     assert rows["clustered"]["final-acc-mean"] == pytest.approx(0.85)
     assert rows["base"]["final-acc-mean"] == pytest.approx(0.6)
