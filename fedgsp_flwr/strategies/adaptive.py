@@ -68,10 +68,8 @@ class _Validated:
             (0 <= self.beta_1 < 1 and 0 <= self.beta_2 < 1,
              f"beta_1 and beta_2 must be in [0, 1), got {self.beta_1!r}, {self.beta_2!r}"),
         ])
-        self.server_threads, self.query_timeout = server_threads, query_timeout
-        self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
-                                         self.weighted_by_key)
-        self.known = self.registry()  # FedAvg's __init__ ran with Flower's arguments only
+        # FedAvg's __init__ ran with Flower's arguments only: take ours again
+        self.take_run_options(max_untrained_rounds, server_threads, query_timeout)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:

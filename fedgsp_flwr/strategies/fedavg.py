@@ -59,14 +59,6 @@ def run_checks(max_untrained_rounds: int, server_threads: int | None,
     ]
 
 
-def sampling_registry(owner: str, query_timeout: float) -> NodeRegistry:
-    """The FedAvg family's node registry: partition ids only, to sample in
-    :func:`~fedgsp_flwr.core.sampling.partition_order` (see :class:`FedAvg`)."""
-    return NodeRegistry(owner, query_timeout, SAMPLING_FALLBACK, asks="partition",
-                        absent="Flower's sampling still sends them their messages",
-                        missing_level=INFO)
-
-
 def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
     """The weighted mean of models with the same keys, shapes and dtypes.
 
@@ -176,11 +168,8 @@ class FedAvg(FlowerFedAvg):
         super().__init__(**kwargs)
         check_parameters(type(self).__name__,
                          run_checks(max_untrained_rounds, server_threads, query_timeout))
-        self.server_threads, self.query_timeout = server_threads, query_timeout
         self.history: dict[int, dict[str, Any]] = {}
-        self.known = self.registry()
-        self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
-                                         self.weighted_by_key)
+        self.take_run_options(max_untrained_rounds, server_threads, query_timeout)
         self.start_timeout = math.inf
         self._sent_arrays: ArrayRecord | None = None
         self._sent_count = 0
@@ -245,12 +234,23 @@ class FedAvg(FlowerFedAvg):
             result.arrays = self.progress.last_trained  # Flower's Result starts empty
         return result
 
+    def take_run_options(self, max_untrained_rounds: int, server_threads: int | None,
+                         query_timeout: float) -> None:
+        """Set this project's run parameters (checked by :func:`run_checks`) and what
+        depends on them: the node registry and the training progress."""
+        self.server_threads, self.query_timeout = server_threads, query_timeout
+        self.known = self.registry()
+        self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
+                                         self.weighted_by_key)
+
     def registry(self) -> NodeRegistry:
         """A new registry of what the nodes say about themselves (:attr:`known`): here
         their partition ids, to sample in a run-independent order; strategies that
         need more of the nodes (histograms, edges) return their own.
         """
-        return sampling_registry(type(self).__name__, self.query_timeout)
+        return NodeRegistry(type(self).__name__, self.query_timeout, SAMPLING_FALLBACK,
+                            asks="partition", missing_level=INFO,
+                            absent="Flower's sampling still sends them their messages")
 
     def group_models(self) -> dict[int, GroupModel]:
         """The models the strategy keeps beside the global one, by id, with their
