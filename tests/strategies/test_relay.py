@@ -58,14 +58,13 @@ def test_a_chain_trains_in_order_and_hands_each_model_on() -> None:
 
 def test_chains_run_in_parallel_not_one_after_another() -> None:
     handlers = {n: adder(1) for n in range(1, 7)}
-    grid = FakeGrid(handlers, delays={1: 0.4, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.01, 6: 0.01})
+    # margins of seconds, not milliseconds: the suite runs in parallel on a busy machine
+    grid = FakeGrid(handlers, delays={1: 2.0, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.01, 6: 0.01})
     started = time.monotonic()
     results = run_relay(grid, [[1], [2, 3, 4, 5, 6]], START, ConfigRecord(), train_timeout=5)
-    elapsed = time.monotonic() - started
     pushes = {node: t - started for t, node, _, _ in grid.pushed}
     # the fast chain's last hop was sent before the slow node answered
-    assert pushes[6] < 0.35
-    assert elapsed < 0.8, "chains ran one after the other"
+    assert pushes[6] < 1.5, "chains ran one after the other"
     assert [r.num_examples for r in results] == [10, 50]
 
 
@@ -87,10 +86,10 @@ def test_an_unsound_reply_is_skipped_like_a_failure() -> None:
 
 
 def test_a_silent_node_times_out_and_a_late_reply_is_ignored() -> None:
-    grid = FakeGrid({1: adder(1), 2: adder(50), 3: adder(100)}, delays={2: 0.5})
+    grid = FakeGrid({1: adder(1), 2: adder(50), 3: adder(100)}, delays={2: 3.0})
     started = time.monotonic()
     (result,) = run_relay(grid, [[1, 2, 3]], START, ConfigRecord(), train_timeout=0.1)
-    assert time.monotonic() - started < 0.45
+    assert time.monotonic() - started < 2.0, "the relay waited for the late reply"
     assert result.hops[1].status == "timeout" and list(result.skipped) == [2]
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [101] * 3)
 
@@ -173,6 +172,7 @@ def test_the_relay_polls_and_never_waits_in_send_and_receive() -> None:
     started = time.monotonic()
     (result,) = run_relay(grid, [[1, 2, 3, 4, 5]], START, ConfigRecord(), train_timeout=5)
     assert result.skipped == {} and result.num_examples == 50
-    # five hops of 0.05 s each: forwarded within a poll (0.02 s) of each reply
-    assert time.monotonic() - started < 0.5
-    assert all(h.latency < 0.15 for h in result.hops)
+    # five hops of 0.05 s each, each forwarded within a poll (0.02 s) of its reply; the
+    # bounds leave room for a busy machine and still fail a 3 s wait per hop
+    assert time.monotonic() - started < 2.5
+    assert all(h.latency < 0.5 for h in result.hops)
