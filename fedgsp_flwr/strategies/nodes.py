@@ -49,14 +49,18 @@ def collect_reply_list(
 ) -> list[Message | None]:
     """Push messages and poll until every one is answered or ``timeout`` passed.
 
+    ``timeout`` counts from the end of the push, as in Flower's ``send_and_receive``:
+    pushing many large messages takes its own time, and no node starts before it has
+    its message.
+
     Returns
     -------
     list[Message | None]
         The reply to each message, in order; ``None`` where none came in time (or the
         grid did not take the message: a node that left).
     """
-    deadline = time.monotonic() + timeout
     pushed = set(grid.push_messages(list(messages)))
+    deadline = time.monotonic() + timeout
     # Grids set each message's id as they push it; one they refused has none in `pushed`.
     position = {m.metadata.message_id: i for i, m in enumerate(messages)
                 if m.metadata.message_id in pushed}

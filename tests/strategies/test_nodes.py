@@ -75,6 +75,19 @@ def test_replies_stay_aligned_when_the_grid_refuses_a_push() -> None:
     assert [r.metadata.src_node_id for r in (replies[0], replies[2])] == [0, 2]
 
 
+def test_the_timeout_counts_from_the_end_of_the_push() -> None:
+    """As Flower's ``send_and_receive``: a slow push (many large messages; here a grid
+    that takes 0.4 s to take them) does not eat the nodes' time to answer."""
+    class SlowPush(FakeGrid):
+        def push_messages(self, messages):  # noqa: ANN001, ANN201 - Grid interface
+            time.sleep(0.4)
+            return super().push_messages(messages)
+
+    grid = SlowPush({n: node("query.x") for n in range(3)})
+    replies = collect_reply_list(grid, messages("query.x", range(3)), timeout=0.2)
+    assert all(r is not None and not r.has_error() for r in replies)
+
+
 def test_a_silent_probe_does_not_starve_the_other_nodes() -> None:
     handlers = {n: node("train", "query.x") for n in range(3)}
     handlers[0] = lambda _message: None  # never answers
