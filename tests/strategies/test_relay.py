@@ -58,7 +58,7 @@ def test_a_chain_trains_in_order_and_hands_each_model_on() -> None:
 
 def test_chains_run_in_parallel_not_one_after_another() -> None:
     handlers = {n: adder(1) for n in range(1, 7)}
-    # margins of seconds, not milliseconds: the suite runs in parallel on a busy machine
+    # margins of seconds, not milliseconds: a busy machine delays threads by tenths of one
     grid = FakeGrid(handlers, delays={1: 2.0, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.01, 6: 0.01})
     started = time.monotonic()
     results = run_relay(grid, [[1], [2, 3, 4, 5, 6]], START, ConfigRecord(), train_timeout=5)
