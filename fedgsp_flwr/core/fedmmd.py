@@ -13,7 +13,8 @@ TRAIN_TYPE = "train.fedmmd"
 WEIGHT_KEY = "mmd-weight"
 """Message config key: the MMD term's weight (>= 0)."""
 DEFAULT_WEIGHT = 0.1
-"""The MMD weight of the authors' code (``losses.mmd_loss(logits_1, logits_2, 0.1)``)."""
+"""The MMD weight of the authors' code (its commented-out call
+``losses.mmd_loss(logits_1, logits_2, 0.1)``; the active loss there is an L2 one)."""
 SIGMAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0,
           35.0, 100.0, 1e3, 1e4, 1e5, 1e6)
 """The kernel widths of the authors' ``mmd_loss`` (used as variances: exp(-d / (2 s)))."""
