@@ -5,7 +5,9 @@
         --out docs/results --figures docs/figures
 
 - ``--growth``: final central loss per growth function x (alpha, beta), one heatmap per
-  function (the paper's Fig. 4): ``fedgsp-growth-grid.{csv,json,png}``.
+  function (the paper's Fig. 4), with each cell's mean longest chain (sequential hops a
+  round), client trainings, wall time and cost-model time, and the final loss over the
+  mean longest chain: ``fedgsp-growth-grid.{csv,json,png}``.
 - ``--kappa``: final accuracy and the cost model's computation and communication time
   (Eq. 15-16, summed over the run, normalised by the largest) per group sampling rate
   kappa (Fig. 5): ``fedgsp-kappa.{csv,json,png}``.
@@ -64,8 +66,23 @@ def mean_of(values: Sequence[float | None]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
+def run_total(metrics: Mapping[str, Any], keys: Sequence[str]) -> float:
+    """Sum over the run's rounds of the given per-round metrics (missing ones count 0)."""
+    return float(sum(r.get(k) or 0.0 for r in metrics["rounds"] for k in keys))
+
+
+def mean_longest_chain(metrics: Mapping[str, Any]) -> float | None:
+    """Mean over the training rounds of the longest group chain (sequential hops)."""
+    chains = [r["longest-chain"] for r in metrics["rounds"]
+              if isinstance(r.get("longest-chain"), (int, float))]
+    return float(np.mean(chains)) if chains else None
+
+
 def growth_rows(folder: Path) -> list[dict[str, Any]]:
-    """One row per label: growth function, alpha, beta, final loss and accuracy."""
+    """One row per label: growth function, alpha, beta, final loss and accuracy, and what
+    the schedule cost: mean longest chain, client trainings (hops), wall time of the
+    rounds and the cost model's time (Eq. 15 + 16), each summed over the run.
+    """
     rows = []
     for label, cfg in label_settings(folder).items():
         runs = complete_runs(folder, label)
@@ -79,6 +96,11 @@ def growth_rows(folder: Path) -> list[dict[str, Any]]:
             "seeds": len(runs),
             "final-loss": mean_of([final_value(m, "central-loss") for m in runs]),
             "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
+            "mean-longest-chain": mean_of([mean_longest_chain(m) for m in runs]),
+            "hops": mean_of([run_total(m, ("hops",)) for m in runs]),
+            "round-time-s": mean_of([run_total(m, ("round-time",)) for m in runs]),
+            "cost-time-s": mean_of([run_total(m, ("cost-comp-s", "cost-comm-s"))
+                                    for m in runs]),
         })
     return rows
 
@@ -121,8 +143,11 @@ def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
 
 
 def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
-    """One heatmap of the final loss per growth function (beta rows, alpha columns)."""
+    """One heatmap of the final loss per growth function (beta rows, alpha columns), and
+    the final loss of every cell over its mean longest chain.
+    """
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,9 +156,9 @@ def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
     alphas = sorted({r["alpha"] for r in rows})
     betas = sorted({r["beta"] for r in rows})
     losses = [r["final-loss"] for r in rows if r["final-loss"] is not None]
-    fig, axes = plt.subplots(1, len(functions), figsize=(4.2 * len(functions), 3.6),
+    fig, axes = plt.subplots(1, len(functions) + 1, figsize=(4.2 * (len(functions) + 1), 3.6),
                              squeeze=False)
-    for ax, function in zip(axes[0], functions, strict=True):
+    for ax, function in zip(axes[0][:-1], functions, strict=True):
         grid = np.full((len(betas), len(alphas)), np.nan)
         for r in rows:
             if r["growth"] == function and r["final-loss"] is not None:
@@ -146,6 +171,19 @@ def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
                yticks=range(len(betas)), yticklabels=[str(b) for b in betas],
                xlabel="alpha", ylabel="beta", title=f"{function} growth: final loss")
         fig.colorbar(image, ax=ax, shrink=0.8)
+    chains = axes[0][-1]
+    for function in functions:
+        cells = [r for r in rows if r["growth"] == function and r["final-loss"] is not None
+                 and r["mean-longest-chain"] is not None]
+        chains.scatter([r["mean-longest-chain"] for r in cells],
+                       [r["final-loss"] for r in cells], label=function)
+    chains.set(xscale="log", xlabel="mean longest chain (hops a round)",
+               ylabel="final loss", title="final loss over the chain length")
+    chains.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    chains.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    chains.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    chains.legend()
+    chains.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

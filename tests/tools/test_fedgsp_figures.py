@@ -30,16 +30,28 @@ def test_the_growth_grid_reports_each_cells_final_loss_and_plots(tmp_path: Path)
             '[strategies.missing]\nfedgsp-growth = "linear"\nfedgsp-growth-alpha = 1.0\n'
             'fedgsp-growth-beta = 1\n')
     folder = write_folder(tmp_path / "g", spec, {
-        "log-a2-b3-seed0": [{"round": 0, "central-loss": 2.3}, {"round": 1,
-                            "central-loss": 0.4, "central-acc": 0.9}],
-        "log-a2-b3-seed1": [{"round": 1, "central-loss": 0.6, "central-acc": 0.8}],
+        "log-a2-b3-seed0": [
+            {"round": 0, "central-loss": 2.3, "round-time": 1.0},
+            {"round": 1, "central-loss": 0.9, "longest-chain": 10, "hops": 30,
+             "round-time": 4.0, "cost-comp-s": 1.0, "cost-comm-s": 2.0},
+            {"round": 2, "central-loss": 0.4, "central-acc": 0.9, "longest-chain": 4,
+             "hops": 20, "round-time": 3.0, "cost-comp-s": 1.0, "cost-comm-s": 2.0}],
+        "log-a2-b3-seed1": [{"round": 1, "central-loss": 0.6, "central-acc": 0.8,
+                             "longest-chain": 2, "hops": 10, "round-time": 2.0,
+                             "cost-comp-s": 0.5, "cost-comm-s": 1.5}],
         "exp-a1-b1-seed0": [{"round": 1, "central-loss": 1.0, "central-acc": 0.5}],
     })
     rows = {r["label"]: r for r in figures.growth_rows(folder)}
     assert set(rows) == {"log-a2-b3", "exp-a1-b1"}  # no complete run: no row
+    # chain: seed 0 averages its rounds (7), seed 1 has 2; totals sum over rounds
     assert rows["log-a2-b3"] == {"label": "log-a2-b3", "growth": "log", "alpha": 2.0,
                                  "beta": 3, "seeds": 2, "final-loss": pytest.approx(0.5),
-                                 "final-acc": pytest.approx(0.85)}
+                                 "final-acc": pytest.approx(0.85),
+                                 "mean-longest-chain": pytest.approx(4.5),
+                                 "hops": pytest.approx(30.0),
+                                 "round-time-s": pytest.approx(5.0),
+                                 "cost-time-s": pytest.approx(4.0)}
+    assert rows["exp-a1-b1"]["mean-longest-chain"] is None  # not recorded: no value
     assert figures.main(["--growth", str(folder), "--out", str(tmp_path / "out"),
                          "--figures", str(tmp_path / "fig")]) == 0
     assert (tmp_path / "fig" / "fedgsp-growth-grid.png").stat().st_size > 1000
