@@ -83,7 +83,13 @@ from tqdm import tqdm
 
 from fedgsp_flwr.app.checkpoint import CheckpointError, load_checkpoint
 from fedgsp_flwr.app.config import ConfigError, RunConfig
-from fedgsp_flwr.app.results import is_complete, read_metrics, rows_to_csv, write_atomic
+from fedgsp_flwr.app.results import (
+    is_complete,
+    read_metrics,
+    rows_to_csv,
+    series,
+    write_atomic,
+)
 from fedgsp_flwr.tools.centralized import CENTRALIZED, run_centralized
 from fedgsp_flwr.tools.divergence import layer_divergence
 from fedgsp_flwr.tools.launcher import LocalSimulation
@@ -450,12 +456,6 @@ def write_divergence(rows: Sequence[Mapping[str, Any]], root: Path) -> None:
     fig.tight_layout()
     fig.savefig(root / "divergence.png", dpi=100)
     plt.close(fig)
-
-
-def series(metrics: Mapping[str, Any], key: str) -> tuple[list[int], list[float]]:
-    """Rounds and values of one per-round metric (rounds without it are skipped)."""
-    rows = [r for r in metrics["rounds"] if isinstance(r.get(key), (int, float))]
-    return [int(r["round"]) for r in rows], [float(r[key]) for r in rows]
 
 
 def short_rounds(metrics: Mapping[str, Any]) -> int:

@@ -50,6 +50,14 @@ def read_metrics(folder: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def series(metrics: Mapping[str, Any], key: str) -> tuple[list[int], list[float]]:
+    """Rounds and values of one per-round metric of a run's ``metrics.json`` content
+    (rounds without it are skipped).
+    """
+    rows = [r for r in metrics["rounds"] if isinstance(r.get(key), (int, float))]
+    return [int(r["round"]) for r in rows], [float(r[key]) for r in rows]
+
+
 def is_complete(folder: str | Path) -> bool:
     """Whether a run folder holds a finished run."""
     metrics = read_metrics(folder)

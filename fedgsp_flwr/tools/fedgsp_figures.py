@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..app.results import read_metrics, rows_to_csv, write_atomic
+from ..app.results import read_metrics, rows_to_csv, series, write_atomic
 
 
 def label_settings(folder: Path) -> dict[str, dict[str, Any]]:
@@ -56,8 +56,8 @@ def complete_runs(folder: Path, label: str) -> list[dict[str, Any]]:
 
 def final_value(metrics: Mapping[str, Any], key: str) -> float | None:
     """The last round's value of a per-round metric."""
-    values = [r[key] for r in metrics["rounds"] if isinstance(r.get(key), (int, float))]
-    return float(values[-1]) if values else None
+    values = series(metrics, key)[1]
+    return values[-1] if values else None
 
 
 def mean_of(values: Sequence[float | None]) -> float | None:
@@ -73,8 +73,7 @@ def run_total(metrics: Mapping[str, Any], keys: Sequence[str]) -> float:
 
 def mean_longest_chain(metrics: Mapping[str, Any]) -> float | None:
     """Mean over the training rounds of the longest group chain (sequential hops)."""
-    chains = [r["longest-chain"] for r in metrics["rounds"]
-              if isinstance(r.get("longest-chain"), (int, float))]
+    chains = series(metrics, "longest-chain")[1]
     return float(np.mean(chains)) if chains else None
 
 
@@ -114,8 +113,8 @@ def kappa_rows(folder: Path) -> list[dict[str, Any]]:
         runs = complete_runs(folder, label)
         if not runs:
             continue
-        comp = [sum(r.get("cost-comp-s", 0.0) for r in m["rounds"]) for m in runs]
-        comm = [sum(r.get("cost-comm-s", 0.0) for r in m["rounds"]) for m in runs]
+        comp = [run_total(m, ("cost-comp-s",)) for m in runs]
+        comm = [run_total(m, ("cost-comm-s",)) for m in runs]
         rows.append({"label": label, "kappa": float(cfg.get("fedgsp-kappa")),
                      "seeds": len(runs),
                      "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
