@@ -86,6 +86,7 @@ from fedgsp_flwr.app.config import ConfigError, RunConfig
 from fedgsp_flwr.app.results import (
     is_complete,
     read_metrics,
+    rounds_to,
     rows_to_csv,
     series,
     write_atomic,
@@ -495,15 +496,6 @@ def curves(exp: Experiment, root: Path, label: str, key: str | None = None
     common = sorted(set.intersection(*(set(rounds) for rounds, _ in runs)))
     return common, [[dict(zip(rounds, values, strict=True))[r] for r in common]
                     for rounds, values in runs]
-
-
-def rounds_to(curve: Sequence[float], target: float | None,
-              rounds: Sequence[int] | None = None) -> int | None:
-    """First round (round 0 = initial model) whose accuracy reaches ``target``."""
-    if target is None:
-        return None
-    rounds = list(rounds) if rounds is not None else list(range(len(curve)))
-    return next((r for r, acc in zip(rounds, curve, strict=True) if acc >= target), None)
 
 
 def cost_to(metrics: Mapping[str, Any], last_round: int) -> dict[str, float | None]:

@@ -58,6 +58,15 @@ def series(metrics: Mapping[str, Any], key: str) -> tuple[list[int], list[float]
     return [int(r["round"]) for r in rows], [float(r[key]) for r in rows]
 
 
+def rounds_to(curve: Sequence[float], target: float | None,
+              rounds: Sequence[int] | None = None) -> int | None:
+    """First round (round 0 = initial model) whose accuracy reaches ``target``."""
+    if target is None:
+        return None
+    rounds = list(rounds) if rounds is not None else list(range(len(curve)))
+    return next((r for r, acc in zip(rounds, curve, strict=True) if acc >= target), None)
+
+
 def is_complete(folder: str | Path) -> bool:
     """Whether a run folder holds a finished run."""
     metrics = read_metrics(folder)

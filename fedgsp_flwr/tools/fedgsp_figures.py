@@ -8,9 +8,10 @@
   function (the paper's Fig. 4), with each cell's mean longest chain (sequential hops a
   round), client trainings, wall time and cost-model time, and the final loss over the
   mean longest chain: ``fedgsp-growth-grid.{csv,json,png}``.
-- ``--kappa``: final accuracy and the cost model's computation and communication time
-  (Eq. 15-16, summed over the run, normalised by the largest) per group sampling rate
-  kappa (Fig. 5): ``fedgsp-kappa.{csv,json,png}``.
+- ``--kappa``: final accuracy and loss, rounds to ``--kappa-target`` accuracy (0.95), and
+  the cost model's computation and communication time (Eq. 15-16, summed over the run,
+  normalised by the largest) beside the measured training bytes, per group sampling
+  rate kappa (Fig. 5): ``fedgsp-kappa.{csv,json,png}``.
 - ``--cost``: the cost model's time and traffic and the measured training bytes until
   the experiment's target accuracy, per strategy (Fig. 6, from ``summary.json``):
   ``fedgsp-cost-to-target.{csv,json,png}``.
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..app.results import read_metrics, rows_to_csv, series, write_atomic
+from ..app.results import read_metrics, rounds_to, rows_to_csv, series, write_atomic
 
 
 def label_settings(folder: Path) -> dict[str, dict[str, Any]]:
@@ -104,9 +105,11 @@ def growth_rows(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def kappa_rows(folder: Path) -> list[dict[str, Any]]:
-    """One row per label: kappa, final accuracy, the cost model's computation and
-    communication seconds over the run (absolute and normalised by the largest).
+def kappa_rows(folder: Path, target: float = 0.95) -> list[dict[str, Any]]:
+    """One row per label: kappa, final accuracy and loss, the first round whose central
+    accuracy reaches ``target``, the cost model's computation and communication seconds
+    over the run (absolute and normalised by the largest), the bytes the run moved in
+    training (normalised likewise) and its wall time of rounds.
     """
     rows = []
     for label, cfg in label_settings(folder).items():
@@ -115,11 +118,20 @@ def kappa_rows(folder: Path) -> list[dict[str, Any]]:
             continue
         comp = [run_total(m, ("cost-comp-s",)) for m in runs]
         comm = [run_total(m, ("cost-comm-s",)) for m in runs]
+        reached = [rounds_to(acc, target, rounds)
+                   for rounds, acc in (series(m, "central-acc") for m in runs)]
         rows.append({"label": label, "kappa": float(cfg.get("fedgsp-kappa")),
                      "seeds": len(runs),
                      "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
-                     "comp-s": float(np.mean(comp)), "comm-s": float(np.mean(comm))})
-    for key in ("comp-s", "comm-s"):
+                     "final-loss": mean_of([final_value(m, "central-loss") for m in runs]),
+                     "target": target,
+                     "rounds-to-target": mean_of(reached),
+                     "seeds-reaching-target": sum(r is not None for r in reached),
+                     "comp-s": float(np.mean(comp)), "comm-s": float(np.mean(comm)),
+                     "train-bytes": mean_of([run_total(m, ("bytes-sent", "bytes-received"))
+                                             for m in runs]),
+                     "round-time-s": mean_of([run_total(m, ("round-time",)) for m in runs])})
+    for key in ("comp-s", "comm-s", "train-bytes"):
         top = max((row[key] for row in rows), default=0.0)
         for row in rows:
             row[f"{key}-normalised"] = row[key] / top if top > 0 else None
@@ -189,20 +201,30 @@ def plot_growth(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_kappa(rows: list[dict[str, Any]], path: Path) -> None:
-    """Final accuracy and normalised computation / communication time over kappa."""
+    """Final accuracy, rounds to the target and normalised computation / communication
+    time (with the measured bytes beside the latter) over kappa.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kappas = [r["kappa"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, key, title in ((axes[0], "final-acc", "accuracy"),
-                           (axes[1], "comp-s-normalised", "computation time (normalised)"),
-                           (axes[2], "comm-s-normalised", "communication time (normalised)")):
-        ax.bar([str(k) for k in kappas], [r[key] or 0.0 for r in rows])
+    kappas = [f"{r['kappa']:g}" for r in rows]
+    target = rows[0]["target"] if rows else None
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for ax, key, title in ((axes[0], "final-acc", "final accuracy"),
+                           (axes[1], "rounds-to-target", f"rounds to {target:.0%} accuracy"
+                            if target is not None else "rounds to target"),
+                           (axes[2], "comp-s-normalised", "computation time (normalised)"),
+                           (axes[3], "comm-s-normalised", "communication time (normalised)")):
+        ax.bar(kappas, [np.nan if r[key] is None else r[key] for r in rows],
+               label="cost model")
         ax.set(xlabel="kappa", title=title)
         ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylim(min((r["final-acc"] or 0.0 for r in rows), default=0.0) - 0.02, 1.0)
+    axes[3].plot(kappas, [r["train-bytes-normalised"] or 0.0 for r in rows], "o-",
+                 color="tab:orange", label="measured bytes")
+    axes[3].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -236,14 +258,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--growth", type=Path, help="results folder of the growth grid")
     parser.add_argument("--kappa", type=Path, help="results folder of the kappa sweep")
+    parser.add_argument("--kappa-target", type=float, default=0.95,
+                        help="accuracy whose first round the kappa table reports (0.95)")
     parser.add_argument("--cost", type=Path, help="results folder with a target accuracy")
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
     parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
     args = parser.parse_args(argv)
+    if not 0.0 < args.kappa_target <= 1.0:
+        parser.error(f"--kappa-target {args.kappa_target} is not an accuracy in (0, 1]")
     args.figures.mkdir(parents=True, exist_ok=True)
     for folder, rows_of, plot, name in (
             (args.growth, growth_rows, plot_growth, "fedgsp-growth-grid"),
-            (args.kappa, kappa_rows, plot_kappa, "fedgsp-kappa"),
+            (args.kappa, lambda f: kappa_rows(f, args.kappa_target), plot_kappa,
+             "fedgsp-kappa"),
             (args.cost, cost_rows, plot_cost, "fedgsp-cost-to-target")):
         if folder is None:
             continue

@@ -63,17 +63,31 @@ def test_kappa_rows_sum_the_cost_model_and_normalise_by_the_largest(tmp_path: Pa
     spec = ('name = "k"\n[run-config]\nstrategy = "fedgsp"\n'
             '[strategies.kappa-1]\nfedgsp-kappa = 1.0\n'
             '[strategies.kappa-0p1]\nfedgsp-kappa = 0.1\n')
-    rounds = lambda comp, comm: [{"round": r, "central-acc": 0.5 + r / 10,  # noqa: E731
-                                  "cost-comp-s": comp, "cost-comm-s": comm}
-                                 for r in (1, 2)]
-    folder = write_folder(tmp_path / "k", spec, {"kappa-1-seed0": rounds(3.0, 10.0),
-                                                 "kappa-0p1-seed0": rounds(2.0, 1.0)})
-    rows = figures.kappa_rows(folder)
+    rounds = lambda comp, comm, sent: [  # noqa: E731
+        {"round": r, "central-acc": 0.5 + r / 10, "central-loss": 1.0 / r,
+         "cost-comp-s": comp, "cost-comm-s": comm, "bytes-sent": sent,
+         "bytes-received": sent, "round-time": 2.0}
+        for r in (1, 2, 3)]
+    folder = write_folder(tmp_path / "k", spec, {"kappa-1-seed0": rounds(3.0, 10.0, 50),
+                                                 "kappa-0p1-seed0": rounds(2.0, 1.0, 5)})
+    rows = figures.kappa_rows(folder, target=0.7)
     assert [r["kappa"] for r in rows] == [0.1, 1.0]
-    assert rows[0]["comm-s"] == 2.0 and rows[1]["comm-s"] == 20.0
+    assert rows[0]["comm-s"] == 3.0 and rows[1]["comm-s"] == 30.0
     assert rows[0]["comm-s-normalised"] == pytest.approx(0.1)
-    assert rows[0]["comp-s-normalised"] == pytest.approx(4 / 6)
-    assert rows[1]["final-acc"] == pytest.approx(0.7)
+    assert rows[0]["comp-s-normalised"] == pytest.approx(6 / 9)
+    assert rows[0]["train-bytes"] == 30 and rows[0]["train-bytes-normalised"] == 0.1
+    assert rows[1]["final-acc"] == pytest.approx(0.8)
+    assert rows[1]["final-loss"] == pytest.approx(1 / 3)
+    assert rows[1]["round-time-s"] == pytest.approx(6.0)
+    # 0.6, 0.7, 0.8 over rounds 1-3: 0.7 first reached in round 2
+    assert rows[1]["rounds-to-target"] == 2 and rows[1]["seeds-reaching-target"] == 1
+    unreached = figures.kappa_rows(folder, target=0.9)
+    assert unreached[0]["rounds-to-target"] is None
+    assert unreached[0]["seeds-reaching-target"] == 0
+    figures.plot_kappa(unreached, tmp_path / "kappa.png")  # no bar for the unreached
+    assert (tmp_path / "kappa.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        figures.main(["--kappa", str(folder), "--kappa-target", "80"])
 
 
 def test_cost_rows_come_from_the_summary_and_skip_unreached_targets(tmp_path: Path) -> None:
