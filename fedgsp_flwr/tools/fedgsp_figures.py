@@ -218,11 +218,12 @@ def plot_kappa(rows: list[dict[str, Any]], path: Path) -> None:
                            (axes[2], "comp-s-normalised", "computation time (normalised)"),
                            (axes[3], "comm-s-normalised", "communication time (normalised)")):
         ax.bar(kappas, [np.nan if r[key] is None else r[key] for r in rows],
-               label="cost model")
+               label="cost model" if key.endswith("-normalised") else None)
         ax.set(xlabel="kappa", title=title)
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylim(min((r["final-acc"] or 0.0 for r in rows), default=0.0) - 0.02, 1.0)
-    axes[3].plot(kappas, [r["train-bytes-normalised"] or 0.0 for r in rows], "o-",
+    axes[3].plot(kappas, [np.nan if r["train-bytes-normalised"] is None
+                          else r["train-bytes-normalised"] for r in rows], "o-",
                  color="tab:orange", label="measured bytes")
     axes[3].legend()
     fig.tight_layout()
