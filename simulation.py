@@ -85,6 +85,7 @@ from fedgsp_flwr.app.checkpoint import CheckpointError, load_checkpoint
 from fedgsp_flwr.app.config import ConfigError, RunConfig
 from fedgsp_flwr.app.results import (
     is_complete,
+    mean_if_every,
     read_metrics,
     rounds_to,
     rows_to_csv,
@@ -563,11 +564,10 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
         for name, target in (("target", exp.target_accuracy), ("reference", reference)):
             if target is None:
                 continue
-            reached = [rounds_to(values, target, rounds)
-                       for rounds, values in (series(m, exp.metric) for m in runs)]
+            reached = [rounds_to(m, exp.metric, target) for m in runs]
             hits = [r for r in reached if r is not None]
             everywhere = len(hits) == len(reached)
-            row[f"rounds-to-{name}"] = float(np.mean(hits)) if everywhere else None
+            row[f"rounds-to-{name}"] = mean_if_every(reached)
             row[f"seeds-reaching-{name}"] = len(hits)
             costs = [cost_to(m, r) for m, r in zip(runs, reached, strict=True)
                      if r is not None]

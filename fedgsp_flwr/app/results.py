@@ -58,13 +58,24 @@ def series(metrics: Mapping[str, Any], key: str) -> tuple[list[int], list[float]
     return [int(r["round"]) for r in rows], [float(r[key]) for r in rows]
 
 
-def rounds_to(curve: Sequence[float], target: float | None,
-              rounds: Sequence[int] | None = None) -> int | None:
-    """First round (round 0 = initial model) whose accuracy reaches ``target``."""
+def rounds_to(metrics: Mapping[str, Any], key: str, target: float | None) -> int | None:
+    """First round (round 0 = initial model) whose ``key`` reaches ``target`` in a run's
+    ``metrics.json`` content (``None``: never, or no target).
+    """
     if target is None:
         return None
-    rounds = list(rounds) if rounds is not None else list(range(len(curve)))
-    return next((r for r, acc in zip(rounds, curve, strict=True) if acc >= target), None)
+    rounds, values = series(metrics, key)
+    return next((r for r, value in zip(rounds, values, strict=True) if value >= target),
+                None)
+
+
+def mean_if_every(values: Sequence[float | None]) -> float | None:
+    """Mean over the seeds, or ``None`` unless every seed has a value: a mean of rounds
+    to a target over only the seeds that reached it would flatter a strategy.
+    """
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
 
 
 def is_complete(folder: str | Path) -> bool:

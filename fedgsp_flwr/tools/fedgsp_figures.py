@@ -32,7 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from ..app.results import read_metrics, rounds_to, rows_to_csv, series, write_atomic
+from ..app.results import (
+    mean_if_every,
+    read_metrics,
+    rounds_to,
+    rows_to_csv,
+    series,
+    write_atomic,
+)
 
 
 def label_settings(folder: Path) -> dict[str, dict[str, Any]]:
@@ -107,7 +114,8 @@ def growth_rows(folder: Path) -> list[dict[str, Any]]:
 
 def kappa_rows(folder: Path, target: float = 0.95) -> list[dict[str, Any]]:
     """One row per label: kappa, final accuracy and loss, the first round whose central
-    accuracy reaches ``target``, the cost model's computation and communication seconds
+    accuracy reaches ``target`` (mean over the seeds, ``None`` unless every seed reaches
+    it, as the runner's summary), the cost model's computation and communication seconds
     over the run (absolute and normalised by the largest), the bytes the run moved in
     training (normalised likewise) and its wall time of rounds.
     """
@@ -118,14 +126,13 @@ def kappa_rows(folder: Path, target: float = 0.95) -> list[dict[str, Any]]:
             continue
         comp = [run_total(m, ("cost-comp-s",)) for m in runs]
         comm = [run_total(m, ("cost-comm-s",)) for m in runs]
-        reached = [rounds_to(acc, target, rounds)
-                   for rounds, acc in (series(m, "central-acc") for m in runs)]
+        reached = [rounds_to(m, "central-acc", target) for m in runs]
         rows.append({"label": label, "kappa": float(cfg.get("fedgsp-kappa")),
                      "seeds": len(runs),
                      "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
                      "final-loss": mean_of([final_value(m, "central-loss") for m in runs]),
                      "target": target,
-                     "rounds-to-target": mean_of(reached),
+                     "rounds-to-target": mean_if_every(reached),
                      "seeds-reaching-target": sum(r is not None for r in reached),
                      "comp-s": float(np.mean(comp)), "comm-s": float(np.mean(comm)),
                      "train-bytes": mean_of([run_total(m, ("bytes-sent", "bytes-received"))

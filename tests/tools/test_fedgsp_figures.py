@@ -90,6 +90,19 @@ def test_kappa_rows_sum_the_cost_model_and_normalise_by_the_largest(tmp_path: Pa
         figures.main(["--kappa", str(folder), "--kappa-target", "80"])
 
 
+def test_kappa_rounds_to_target_need_every_seed_as_the_runners_summary(tmp_path: Path) -> None:
+    spec = 'name = "k"\n[strategies.kappa-0p3]\nfedgsp-kappa = 0.3\n'
+    curve = lambda accs: [{"round": r, "central-acc": a}  # noqa: E731
+                          for r, a in enumerate(accs, start=1)]
+    folder = write_folder(tmp_path / "k", spec, {"kappa-0p3-seed0": curve([0.5, 0.96]),
+                                                 "kappa-0p3-seed1": curve([0.5, 0.9])})
+    row, = figures.kappa_rows(folder, target=0.95)
+    assert row["rounds-to-target"] is None  # not the mean of the one seed that reached
+    assert row["seeds-reaching-target"] == 1
+    row, = figures.kappa_rows(folder, target=0.5)
+    assert row["rounds-to-target"] == 1.0 and row["seeds-reaching-target"] == 2
+
+
 def test_cost_rows_come_from_the_summary_and_skip_unreached_targets(tmp_path: Path) -> None:
     folder = tmp_path / "t"
     folder.mkdir()
