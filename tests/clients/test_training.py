@@ -70,6 +70,22 @@ def test_full_batch_gradient_step_matches_the_formula() -> None:
     np.testing.assert_allclose(flat(model), expected, atol=1e-6)
 
 
+def test_proximal_step_matches_the_formula() -> None:
+    # One full-batch step from w toward a centre c != w: w' = w - lr (grad f(w) + mu (w - c)).
+    lr, mu = 0.3, 2.5
+    centre = build_model("logistic", (5,), 3, seed=7)
+    reference = build_model("logistic", (5,), 3, seed=0)
+    torch.nn.functional.cross_entropy(reference(torch.from_numpy(DATA.x_train)),
+                                      torch.from_numpy(DATA.y_train)).backward()
+    gradient = torch.cat([p.grad.reshape(-1) for p in reference.parameters()]).numpy()
+    start = flat(reference)
+    model = build_model("logistic", (5,), 3, seed=0)
+    train(model, DATA.x_train, DATA.y_train, epochs=1, lr=lr, batch_size=len(DATA.y_train),
+          seed=0, proximal_mu=mu, proximal_center=centre)
+    np.testing.assert_allclose(flat(model), start - lr * (gradient + mu * (start - flat(centre))),
+                               atol=1e-6)
+
+
 def test_training_by_steps_takes_exactly_that_many_steps() -> None:
     for steps, batch in ((1, 16), (13, 16), (30, 64)):
         model = build_model("logistic", (5,), 3, seed=0)
