@@ -13,8 +13,9 @@
   normalised by the largest) beside the measured training bytes, per group sampling
   rate kappa (Fig. 5): ``fedgsp-kappa.{csv,json,png}``.
 - ``--cost``: the cost model's time and traffic and the measured training bytes until
-  the experiment's target accuracy, per strategy (Fig. 6, from ``summary.json``):
-  ``fedgsp-cost-to-target.{csv,json,png}``.
+  the experiment's target accuracy and until its reference strategy's final accuracy,
+  per strategy (Fig. 6, from ``summary.json``; run ``simulation.py --summarize``
+  first): ``fedgsp-cost-to-target.{csv,json,png}``.
 
 Values are means over the complete seeds of each label (a run's ``metrics.json`` with
 status ``complete``); a label's settings are read from the folder's
@@ -145,12 +146,29 @@ def kappa_rows(folder: Path, target: float = 0.95) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: row["kappa"])
 
 
+COST_KEYS = ("rounds-to", "cost-time-to", "cost-traffic-to", "train-bytes-to", "seeds-reaching")
+
+
 def cost_rows(folder: Path) -> list[dict[str, Any]]:
-    """The summary's cost to the target per strategy (Fig. 6)."""
+    """The summary's cost to each target per strategy (Fig. 6): the experiment's
+    ``target-accuracy`` (``target``) and its ``reference`` strategy's final accuracy
+    (``reference``), each with its accuracy, rounds, cost-model time and traffic, measured
+    bytes and the seeds that reached it (``None`` where not every seed did)."""
+    spec = tomllib.loads((folder / "experiment.toml").read_text())
     summary = json.loads((folder / "summary.json").read_text())
-    keys = ("rounds-to-target", "cost-time-to-target", "cost-traffic-to-target",
-            "train-bytes-to-target", "seeds-reaching-target", "seeds")
-    return [{"strategy": row["strategy"], **{k: row.get(k) for k in keys}} for row in summary]
+    accuracy = {row["strategy"]: row.get("final-acc-mean") for row in summary}
+    targets = {"target": spec.get("target-accuracy"),
+               "reference": accuracy.get(spec.get("reference"))}
+    rows = []
+    for row in summary:
+        out: dict[str, Any] = {"strategy": row["strategy"], "seeds": row.get("seeds")}
+        for name, value in targets.items():
+            if value is None:
+                continue
+            out[f"{name}-accuracy"] = value
+            out.update({f"{key}-{name}": row.get(f"{key}-{name}") for key in COST_KEYS})
+        rows.append(out)
+    return rows
 
 
 def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
@@ -239,23 +257,34 @@ def plot_kappa(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_cost(rows: list[dict[str, Any]], path: Path) -> None:
-    """Cost-model time, cost-model traffic and measured bytes to the target."""
+    """Cost-model time, cost-model traffic and measured bytes to each target (a row of
+    panels per target; a strategy that did not reach it is marked, not drawn as 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reached = [r for r in rows if r["cost-time-to-target"] is not None]
-    names = [r["strategy"] for r in reached]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, key, scale, title in (
-            (axes[0], "cost-time-to-target", 1 / 3600, "cost model: time to target (h)"),
-            (axes[1], "cost-traffic-to-target", 1e-9, "cost model: traffic to target (GB)"),
-            (axes[2], "train-bytes-to-target", 1e-9, "measured: bytes to target (GB)")):
-        ax.bar(names, [r[key] * scale for r in reached])
-        ax.set(title=title)
-        ax.tick_params(axis="x", rotation=45)
-        ax.grid(alpha=0.3, axis="y")
+    targets = [name for name in ("target", "reference") if f"{name}-accuracy" in rows[0]]
+    names = [r["strategy"] for r in rows]
+    fig, axes = plt.subplots(len(targets), 3, figsize=(13, 3.8 * len(targets)),
+                             squeeze=False)
+    for line, name in zip(axes, targets, strict=True):
+        label = f"to {rows[0][f'{name}-accuracy']:.1%}" + (
+            "\n(the reference's final)" if name == "reference" else "")
+        line[0].set_ylabel(label)
+        for ax, key, scale, title in (
+                (line[0], "cost-time-to", 1 / 60, "cost model: time (min)"),
+                (line[1], "cost-traffic-to", 1e-9, "cost model: traffic (GB)"),
+                (line[2], "train-bytes-to", 1e-9, "measured: bytes (GB)")):
+            values = [r[f"{key}-{name}"] for r in rows]
+            ax.bar(names, [0.0 if v is None else v * scale for v in values])
+            for x, v in enumerate(values):
+                if v is None:
+                    ax.annotate("not\nreached", (x, 0), ha="center", va="bottom",
+                                fontsize=7)
+            ax.set(title=title)
+            ax.tick_params(axis="x", rotation=45)
+            ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -103,17 +103,28 @@ def test_kappa_rounds_to_target_need_every_seed_as_the_runners_summary(tmp_path:
     assert row["rounds-to-target"] == 1.0 and row["seeds-reaching-target"] == 2
 
 
-def test_cost_rows_come_from_the_summary_and_skip_unreached_targets(tmp_path: Path) -> None:
+def test_cost_rows_give_both_targets_from_the_summary(tmp_path: Path) -> None:
     folder = tmp_path / "t"
     folder.mkdir()
+    (folder / "experiment.toml").write_text(
+        'name = "t"\nreference = "fedavg"\ntarget-accuracy = 0.8\n'
+        '[strategies.fedavg]\n[strategies.fedprox]\n')
     (folder / "summary.json").write_text(json.dumps([
-        {"strategy": "fedavg", "seeds": 1, "rounds-to-target": 40.0,
+        {"strategy": "fedavg", "seeds": 1, "final-acc-mean": 0.88, "rounds-to-target": 40.0,
          "cost-time-to-target": 7200.0, "cost-traffic-to-target": 2e9,
-         "train-bytes-to-target": 3e9, "seeds-reaching-target": 1},
-        {"strategy": "fedprox", "seeds": 1, "rounds-to-target": None,
-         "cost-time-to-target": None, "cost-traffic-to-target": None,
-         "train-bytes-to-target": None, "seeds-reaching-target": 0}]))
+         "train-bytes-to-target": 3e9, "seeds-reaching-target": 1,
+         "rounds-to-reference": 60.0, "cost-time-to-reference": 9000.0,
+         "cost-traffic-to-reference": 3e9, "train-bytes-to-reference": 4e9,
+         "seeds-reaching-reference": 1},
+        {"strategy": "fedprox", "seeds": 1, "final-acc-mean": 0.79,
+         "rounds-to-target": None, "cost-time-to-target": None,
+         "cost-traffic-to-target": None, "train-bytes-to-target": None,
+         "seeds-reaching-target": 0}]))
     rows = figures.cost_rows(folder)
     assert [r["strategy"] for r in rows] == ["fedavg", "fedprox"]
-    figures.plot_cost(rows, tmp_path / "cost.png")  # the unreached row is left out
+    assert rows[0]["target-accuracy"] == 0.8 and rows[1]["reference-accuracy"] == 0.88
+    assert rows[0]["train-bytes-to-reference"] == 4e9
+    assert rows[0]["seeds-reaching-target"] == 1 and rows[1]["seeds-reaching-target"] == 0
+    assert rows[1]["cost-time-to-target"] is None and rows[1]["rounds-to-reference"] is None
+    figures.plot_cost(rows, tmp_path / "cost.png")  # unreached: marked, not drawn
     assert (tmp_path / "cost.png").stat().st_size > 1000
