@@ -40,6 +40,7 @@ Experiment file::
     strategy = "fedprox"
     fedprox-mu = 0.01
     num-supernodes = 20             # a strategy table may override num-supernodes
+    seeds = [0]                     # and run fewer of the seeds (a diagnostic row)
 
     [strategies.central]            # the centralized baseline, trained in this process
     strategy = "centralized"        # on the pooled data of num-supernodes partitions
@@ -207,6 +208,12 @@ class Experiment:
             raise ConfigError(f"{path}: missing field {err}") from err
         if exp.num_supernodes < 1 or not exp.seeds or not exp.strategies:
             raise ConfigError(f"{path}: needs num-supernodes >= 1, seeds and strategies")
+        for label, table in exp.strategies.items():
+            own = table.get("seeds", exp.seeds)
+            if (not isinstance(own, list) or not own
+                    or not all(type(s) is int and s in exp.seeds for s in own)):
+                raise ConfigError(f"{path}: [strategies.{label}] seeds must be a non-empty "
+                                  f"list of the experiment's seeds {exp.seeds}, got {own!r}")
         if exp.reference is not None and exp.reference not in exp.strategies:
             raise ConfigError(f"{path}: reference '{exp.reference}' is not one of the "
                               f"strategies {sorted(exp.strategies)}")
@@ -223,7 +230,13 @@ class Experiment:
 
     def runs(self) -> list[tuple[str, int]]:
         """All (strategy label, seed) pairs, seed-major so early results cover all."""
-        return [(label, seed) for seed in self.seeds for label in self.strategies]
+        return [(label, seed) for seed in self.seeds for label in self.strategies
+                if seed in self.seeds_of(label)]
+
+    def seeds_of(self, label: str) -> list[int]:
+        """Seeds of one strategy's runs: its own ``seeds`` (a subset of the
+        experiment's: a diagnostic row on fewer seeds), else the experiment's."""
+        return [int(s) for s in self.strategies[label].get("seeds", self.seeds)]
 
     def supernodes_of(self, label: str) -> int:
         """Simulated SuperNodes of one strategy's runs."""
@@ -231,7 +244,8 @@ class Experiment:
 
     def run_config_of(self, label: str, seed: int, root: Path) -> dict[str, Any]:
         """Return the full run-config overrides of one run."""
-        overrides = {k: v for k, v in self.strategies[label].items() if k != "num-supernodes"}
+        overrides = {k: v for k, v in self.strategies[label].items()
+                     if k not in ("num-supernodes", "seeds")}
         return {
             **self.run_config,
             **overrides,
@@ -481,7 +495,7 @@ def short_rounds(metrics: Mapping[str, Any]) -> int:
 
 def complete_runs(exp: Experiment, root: Path, label: str) -> list[dict[str, Any]]:
     """The metrics of each complete seed of one strategy."""
-    found = [read_metrics(root / "runs" / run_name(label, s)) for s in exp.seeds]
+    found = [read_metrics(root / "runs" / run_name(label, s)) for s in exp.seeds_of(label)]
     return [m for m in found if m and m.get("status") == "complete"]
 
 

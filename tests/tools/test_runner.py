@@ -332,6 +332,29 @@ def test_only_and_seeds_run_a_subset_and_the_tables_cover_every_complete_run(
     assert len(FakeSimulation.launched) == 3  # nothing ran for a bad selection
 
 
+def test_a_strategy_may_run_fewer_seeds(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tmp_path / "e.toml"
+    spec.write_text('name = "e"\nseeds = [0, 1, 2]\n[strategies.base]\nstrategy = "fedavg"\n'
+                    '[strategies.probe]\nstrategy = "fedgsp"\nseeds = [1]\n')
+    exp = simulation.Experiment.load(spec)
+    assert exp.runs() == [("base", 0), ("base", 1), ("probe", 1), ("base", 2)]
+    assert "seeds" not in exp.run_config_of("probe", 1, tmp_path)
+    results = tmp_path / "results"
+    monkeypatch.setattr(simulation, "LocalSimulation", FakeSimulation)
+    FakeSimulation.launched = []
+    assert simulation.main([str(spec), "--results", str(results), "--seeds", "0,1"]) == 0
+    assert FakeSimulation.launched == [("fedavg", 0), ("fedavg", 1), ("fedgsp", 1)]
+    write_run(results / "e", "probe", 0, [0.1, 0.9], traffic=None)  # not one of its seeds
+    assert [m["summary"]["final-central-acc"]
+            for m in simulation.complete_runs(exp, results / "e", "probe")] == [0.5]
+    for bad in ("[3]", "[]", '"1"', "[true]"):
+        spec.write_text('name = "e"\nseeds = [0, 1, 2]\n[strategies.base]\nstrategy = "fedavg"\n'
+                        f'seeds = {bad}\n')
+        with pytest.raises(simulation.ConfigError, match=r"\[strategies.base\] seeds"):
+            simulation.Experiment.load(spec)
+
+
 @pytest.mark.parametrize("path", sorted((Path(simulation.APP_DIR) / "experiments").glob("*.toml")),
                          ids=lambda p: p.stem)
 def test_every_shipped_experiment_file_is_valid(path: Path) -> None:
