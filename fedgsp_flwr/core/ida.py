@@ -23,14 +23,16 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def inverse_distance_weights(models: Sequence[np.ndarray],
+def inverse_distance_weights(models: Sequence[np.ndarray | Sequence[np.ndarray]],
                              examples: Sequence[float] | None = None) -> np.ndarray:
     """IDA's aggregation weights.
 
     Parameters
     ----------
-    models : Sequence[np.ndarray]
-        The client models, each flattened to one vector of the same length.
+    models : Sequence[np.ndarray | Sequence[np.ndarray]]
+        The client models: each one vector, or its arrays (layers) in one order and
+        shapes; the distance is over all of them, as if flattened into one vector,
+        computed a layer at a time in float64 (no stacked copy of every model).
     examples : Sequence[float] | None
         Each client's example count, to combine IDA with FedAvg's weights; ``None``:
         IDA alone.
@@ -43,21 +45,32 @@ def inverse_distance_weights(models: Sequence[np.ndarray],
     Raises
     ------
     ValueError
-        With no model, vectors of different lengths, non-finite values, or example
+        With no model, models of different lengths, non-finite values, or example
         counts that are not positive or do not match the models.
     """
     if not models:
         raise ValueError("inverse_distance_weights needs at least one model")
-    lengths = {np.asarray(m).size for m in models}
-    if len(lengths) != 1:
-        raise ValueError(f"models must have one length, got lengths {sorted(lengths)}")
-    stacked = np.stack([np.asarray(m, dtype=np.float64).ravel() for m in models])
-    if not np.isfinite(stacked).all():
-        raise ValueError("models contain NaN or infinite values")
+    layers = [[np.asarray(m)] if isinstance(m, np.ndarray) else [np.asarray(a) for a in m]
+              for m in models]
+    sizes = {tuple(a.size for a in model) for model in layers}
+    if len(sizes) != 1:
+        raise ValueError("models must have one length (the same sizes layer by layer), "
+                         f"got {sorted(sizes)}")
     counts = np.ones(len(models)) if examples is None else np.asarray(examples, np.float64)
     if counts.shape != (len(models),) or not (counts > 0).all():
         raise ValueError(f"examples must be {len(models)} positive counts, got {examples!r}")
-    distances = np.linalg.norm(stacked - stacked.mean(axis=0), axis=1)
+    squared = np.zeros(len(models))
+    for layer in range(len(layers[0])):
+        mean = np.zeros(layers[0][layer].size)
+        for model in layers:
+            mean += model[layer].ravel()
+        mean /= len(layers)
+        if not np.isfinite(mean).all():  # a NaN or inf in any model reaches the mean
+            raise ValueError("models contain NaN or infinite values")
+        for k, model in enumerate(layers):
+            diff = model[layer].ravel() - mean
+            squared[k] += np.dot(diff, diff)
+    distances = np.sqrt(squared)
     at_mean = distances <= 1e-12 * max(float(distances.max()), 1.0)
     if at_mean.any():
         weights = np.where(at_mean, counts, 0.0)

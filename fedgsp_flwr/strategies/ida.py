@@ -52,17 +52,16 @@ class IDA(FedAvg):
         """The models' mean with IDA's weights (float64 sums, each array's dtype kept)."""
         records = [next(iter(c.array_records.values())) for c in contents]
         keys = list(records[0].keys())
-        flat = [np.concatenate([r[k].numpy().ravel().astype(np.float64) for k in keys])
-                for r in records]
+        models = [[r[k].numpy() for k in keys] for r in records]
         examples = None
         if self.weighting == "inverse-distance-examples":
             examples = [float(reply_metrics(c)[self.weighted_by_key]) for c in contents]
-        weights = inverse_distance_weights(flat, examples)
+        weights = inverse_distance_weights(models, examples)
         self.history.setdefault(server_round, {}).update(
             {"ida-weight-min": float(weights.min()), "ida-weight-max": float(weights.max())})
         out = {}
-        for k in keys:
-            values = [r[k].numpy() for r in records]
+        for i, k in enumerate(keys):
+            values = [model[i] for model in models]
             mean = sum(w * v.astype(np.float64) for w, v in zip(weights, values, strict=True))
             out[k] = Array(np.asarray(mean).astype(values[0].dtype))
         return ArrayRecord(out)

@@ -47,3 +47,20 @@ def test_bad_input_is_named() -> None:
         inverse_distance_weights([np.zeros(2), np.array([np.nan, 0])])
     with pytest.raises(ValueError, match="positive counts"):
         inverse_distance_weights([np.zeros(2), np.ones(2)], examples=[1, 0])
+
+
+def test_a_model_given_by_layers_weighs_as_its_flattened_vector() -> None:
+    rng = np.random.default_rng(3)
+    models = [[rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal(4)]
+              for _ in range(5)]
+    flat = [np.concatenate([a.ravel().astype(np.float64) for a in m]) for m in models]
+    np.testing.assert_allclose(inverse_distance_weights(models, [1, 2, 3, 4, 5]),
+                               inverse_distance_weights(flat, [1, 2, 3, 4, 5]), rtol=1e-12)
+    mean = np.mean(flat, axis=0)
+    inverse = 1 / np.linalg.norm(np.stack(flat) - mean, axis=1)
+    np.testing.assert_allclose(inverse_distance_weights(models), inverse / inverse.sum())
+    models[2][1][0] = np.inf
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        inverse_distance_weights(models)
+    with pytest.raises(ValueError, match="one length"):
+        inverse_distance_weights([[np.zeros(2), np.zeros(3)], [np.zeros(3), np.zeros(2)]])
