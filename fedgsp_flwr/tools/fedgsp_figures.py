@@ -159,6 +159,9 @@ def cost_rows(folder: Path) -> list[dict[str, Any]]:
     accuracy = {row["strategy"]: row.get("final-acc-mean") for row in summary}
     targets = {"target": spec.get("target-accuracy"),
                "reference": accuracy.get(spec.get("reference"))}
+    if all(value is None for value in targets.values()):
+        raise ValueError(f"{folder}: no target to cost: its experiment.toml sets no "
+                         "target-accuracy, and no reference strategy with complete runs")
     rows = []
     for row in summary:
         out: dict[str, Any] = {"strategy": row["strategy"], "seeds": row.get("seeds")}
@@ -311,7 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             (args.cost, cost_rows, plot_cost, "fedgsp-cost-to-target")):
         if folder is None:
             continue
-        rows = rows_of(folder)
+        try:
+            rows = rows_of(folder)
+        except ValueError as err:
+            parser.error(str(err))
         if not rows:
             parser.error(f"{folder}: no complete runs")
         write_table(rows, args.out, name)

@@ -128,3 +128,15 @@ def test_cost_rows_give_both_targets_from_the_summary(tmp_path: Path) -> None:
     assert rows[1]["cost-time-to-target"] is None and rows[1]["rounds-to-reference"] is None
     figures.plot_cost(rows, tmp_path / "cost.png")  # unreached: marked, not drawn
     assert (tmp_path / "cost.png").stat().st_size > 1000
+
+
+def test_cost_needs_a_target(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "experiment.toml").write_text('name = "t"\n[strategies.fedavg]\n')
+    (folder / "summary.json").write_text(json.dumps([{"strategy": "fedavg", "seeds": 1}]))
+    with pytest.raises(SystemExit):
+        figures.main(["--cost", str(folder), "--out", str(tmp_path), "--figures",
+                      str(tmp_path)])
+    with pytest.raises(ValueError, match="no target to cost"):
+        figures.cost_rows(folder)
