@@ -28,6 +28,19 @@ class Net(torch.nn.Module):
         return self.fc(x)
 
 
+class BatchNormNet(Net):
+    """The linear classifier followed by batch normalisation of its logits: an int64
+    buffer (``bn.num_batches_tracked``) and running statistics beside the weights.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.fc(x))
+
+
 def load_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Node i holds mostly class i mod 4 (label skew): 40 examples."""
     rng = np.random.default_rng(partition_id)
@@ -37,12 +50,13 @@ def load_partition(partition_id: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_app(seen: list[tuple[str, dict[str, Any]]] | None = None,
-             fail: Callable[[Message], str | None] = lambda _msg: None) -> ClientApp:
+             fail: Callable[[Message], str | None] = lambda _msg: None,
+             net: Callable[[], torch.nn.Module] = Net) -> ClientApp:
     """A fresh ClientApp (each test registers its own handlers on it).
 
     ``seen`` receives (message type, config) of every message the app handles;
     ``fail`` returns an error text for the train messages the app must fail (raised
-    as the app's own exception), ``None`` for the others.
+    as the app's own exception), ``None`` for the others; ``net`` builds the model.
     """
     app = ClientApp()
 
@@ -53,7 +67,7 @@ def make_app(seen: list[tuple[str, dict[str, Any]]] | None = None,
             seen.append((msg.metadata.message_type, config))
         if (error := fail(msg)) is not None:
             raise RuntimeError(error)
-        model = Net()
+        model = net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         x, y = load_partition(int(context.node_config["partition-id"]))
         optimizer = torch.optim.SGD(model.parameters(), lr=float(config["lr"]))
@@ -70,7 +84,7 @@ def make_app(seen: list[tuple[str, dict[str, Any]]] | None = None,
     def evaluate(msg: Message, context: Context) -> Message:
         if seen is not None:
             seen.append((msg.metadata.message_type, dict(msg.content["config"])))
-        model = Net()
+        model = net()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         x, y = load_partition(int(context.node_config["partition-id"]))
         with torch.no_grad():

@@ -5,6 +5,7 @@ and round plan), :mod:`~fedgsp_flwr.core.edge_assignment` (HierFL),
 :mod:`~fedgsp_flwr.core.clustering` (StoCFL), :mod:`~fedgsp_flwr.core.multicenter`
 (FeSEM), :mod:`~fedgsp_flwr.core.cluster_rules` (Semi-FL), :mod:`~fedgsp_flwr.core.ifca`
 (IFCA), :mod:`~fedgsp_flwr.core.cfl` (CFL), with the shared
-:mod:`~fedgsp_flwr.core.kmeans` and :mod:`~fedgsp_flwr.core.sampling`. The methods are
+:mod:`~fedgsp_flwr.core.kmeans`, :mod:`~fedgsp_flwr.core.sampling` and
+:mod:`~fedgsp_flwr.core.arrays` (models back in their own dtypes). The methods are
 described in docs/algorithms.md.
 """

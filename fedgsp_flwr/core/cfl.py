@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import as_dtype
+
 # How a cluster is bipartitioned: "complete" linkage (the authors' code: sklearn's
 # AgglomerativeClustering(linkage="complete") on -similarity, 2 clusters), or the
 # paper's "optimal" bipartition (its Algorithm 2), which is single linkage.
@@ -214,8 +216,7 @@ def moved(base: Model, update: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
     out = {}
     for key, reference in base.items():
         value = np.asarray(reference, dtype=np.float64) + update[key]
-        dtype = np.asarray(reference).dtype
-        out[key] = (np.rint(value) if dtype.kind in "iub" else value).astype(dtype)
+        out[key] = as_dtype(value, np.asarray(reference).dtype)
     return out
 
 

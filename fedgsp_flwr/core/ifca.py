@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import as_dtype
+
 MESSAGE_TYPE = "train.ifca"
 """The message type of an IFCA training round on a node with our handler."""
 CHOICE_METRIC = "ifca-choice"
@@ -174,11 +176,12 @@ class ChoiceAverage:
 
 def weighted_mean(values: Sequence[np.ndarray], weights: Sequence[float],
                   dtype: np.dtype) -> np.ndarray:
-    """sum_i w_i x_i / sum_i w_i, summed in float64 in the given order, cast to ``dtype``."""
+    """sum_i w_i x_i / sum_i w_i, summed in float64 in the given order, cast to ``dtype``
+    (integers rounded)."""
     total = np.zeros(np.shape(values[0]), dtype=np.float64)
     for weight, value in zip(weights, values, strict=True):
         total += float(weight) * np.asarray(value, dtype=np.float64)
-    return (total / float(sum(weights))).astype(dtype)
+    return as_dtype(total / float(sum(weights)), dtype)
 
 
 def average_by_choice(

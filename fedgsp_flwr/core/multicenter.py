@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import as_dtype
 from .kmeans import kmeans_plus_plus, squared_distances
 
 INITS = ("kmeans++", "seeds")
@@ -77,8 +78,9 @@ class Layout:
         return out
 
     def unstack(self, row: np.ndarray) -> dict[str, np.ndarray]:
-        """One flattened model back to name -> array (the layout's shapes and dtypes)."""
-        return {name: row[a:b].reshape(shape).astype(dtype)
+        """One flattened model back to name -> array (the layout's shapes and dtypes,
+        integer arrays rounded)."""
+        return {name: as_dtype(row[a:b].reshape(shape), dtype)
                 for name, shape, dtype, a, b in zip(self.names, self.shapes, self.dtypes,
                                                     self.offsets[:-1], self.offsets[1:],
                                                     strict=True)}

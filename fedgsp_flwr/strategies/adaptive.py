@@ -14,7 +14,8 @@ all unusable keeps the model (``max_untrained_rounds``). Flower's ``configure_tr
 records the arrays it sends (the step's origin) and hands on to ours (history, bytes).
 The optimizer's moments go into the checkpoint, so a resumed run continues the
 uninterrupted one. The step's result keeps the dtypes of the model sent (Flower's comes
-back as float64 for a float32 model, and every later reply would then be rejected).
+back as float64 for a float32 model, and every later reply would then be rejected);
+integer arrays (batch counters) take the average, not the step.
 
 ``_Validated`` is there because Flower's constructors do not pass our
 ``max_untrained_rounds``, ``server_threads`` and ``query_timeout`` on, and the
@@ -36,6 +37,7 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
+from ..core.arrays import as_dtype
 from .fedavg import FedAvg, check_parameters, run_checks
 from .progress import TrainingProgress
 from .state import NodeMap, StrategyState
@@ -76,12 +78,18 @@ class _Validated:
         """Flower's server step from our validated average, cast back to the dtypes of
         the arrays sent: Flower's update returns float64 for float32 models, which the
         clients' float32 replies would then fail to match in every later round.
+
+        Integer arrays (BatchNorm's ``num_batches_tracked``) take the average instead of
+        the step: they are counters, not parameters, and a step of ``eta`` times a
+        normalised update would round back to the value sent, round after round.
         """
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
         sent = self.current_arrays
         if arrays is not None and sent is not None:
-            arrays = ArrayRecord({k: Array(np.asarray(a.numpy()).astype(sent[k].dtype))
-                                  for k, a in arrays.items()})
+            average = self.progress.last_trained  # our FedAvg's, recorded in this call
+            arrays = ArrayRecord({
+                k: average[k] if sent[k].dtype.kind in "iub" and average is not None
+                else Array(as_dtype(a.numpy(), sent[k].dtype)) for k, a in arrays.items()})
             self.progress.last_trained = arrays  # the step's result, not the average
         return arrays, metrics
 

@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from ..core.arrays import as_dtype
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .metrics import aggregate_metrics, reply_metrics
 from .nodes import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
@@ -60,7 +61,8 @@ def run_checks(max_untrained_rounds: int, server_threads: int | None,
 
 
 def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
-    """The weighted mean of models with the same keys, shapes and dtypes.
+    """The weighted mean of models with the same keys, shapes and dtypes, in their
+    dtypes (integer arrays rounded).
 
     Raises
     ------
@@ -76,7 +78,7 @@ def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> 
     for key in records[0].keys():
         values = [r[key].numpy() for r in records]
         mean = sum(wi * v for wi, v in zip(w, values, strict=True))
-        averaged[key] = Array(np.asarray(mean).astype(values[0].dtype))
+        averaged[key] = Array(as_dtype(mean, values[0].dtype))
     return ArrayRecord(averaged)
 
 
@@ -338,9 +340,15 @@ class FedAvg(FlowerFedAvg):
 
     def combine_models(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
         """The round's model from the sound replies' contents: the mean weighted by
-        ``weighted_by_key`` (Flower's ``aggregate_arrayrecords``). IDA overrides it.
+        ``weighted_by_key`` (Flower's ``aggregate_arrayrecords``) in the replies' dtypes.
+        IDA overrides it.
+
+        Flower's mean of an integer array (BatchNorm's ``num_batches_tracked``) is
+        float64: sent on as such, every later int64 reply would misfit the model.
         """
-        return aggregate_arrayrecords(contents, self.weighted_by_key)
+        dtypes = {k: a.dtype for k, a in next(iter(contents[0].array_records.values())).items()}
+        mean = aggregate_arrayrecords(contents, self.weighted_by_key)
+        return ArrayRecord({k: Array(as_dtype(a.numpy(), dtypes[k])) for k, a in mean.items()})
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -11,6 +11,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.common.logger import log
 
+from ..core.arrays import as_dtype
 from ..core.ida import inverse_distance_weights
 from .fedavg import FedAvg, check_parameters
 from .metrics import reply_metrics
@@ -23,8 +24,11 @@ class IDA(FedAvg):
 
     The clients train as in FedAvg (plain ``train``); only the server's weights change.
     Unsound replies are rejected before the distances are computed (a NaN model would
-    otherwise make every distance NaN). Per round ``ida-weight-min`` and
-    ``ida-weight-max`` report the spread of the weights.
+    otherwise make every distance NaN). The distances are over the model's floating-point
+    arrays: integer arrays (BatchNorm's ``num_batches_tracked``, a count of local steps
+    that differs with the clients' data sizes) are averaged with the weights but do not
+    set them. Per round ``ida-weight-min`` and ``ida-weight-max`` report the spread of the
+    weights.
 
     Parameters
     ----------
@@ -56,12 +60,15 @@ class IDA(FedAvg):
         examples = None
         if self.weighting == "inverse-distance-examples":
             examples = [float(reply_metrics(c)[self.weighted_by_key]) for c in contents]
-        weights = inverse_distance_weights(models, examples)
+        measured = [i for i, k in enumerate(keys) if models[0][i].dtype.kind in "fc"]
+        weights = inverse_distance_weights(
+            [[model[i] for i in measured] for model in models] if measured else models,
+            examples)
         self.history.setdefault(server_round, {}).update(
             {"ida-weight-min": float(weights.min()), "ida-weight-max": float(weights.max())})
         out = {}
         for i, k in enumerate(keys):
             values = [model[i] for model in models]
             mean = sum(w * v.astype(np.float64) for w, v in zip(weights, values, strict=True))
-            out[k] = Array(np.asarray(mean).astype(values[0].dtype))
+            out[k] = Array(as_dtype(mean, values[0].dtype))
         return ArrayRecord(out)

@@ -90,5 +90,6 @@ def record_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    """An ArrayRecord of numpy arrays, in order."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    """An ArrayRecord of numpy arrays, in order (C-contiguous, shapes kept: a 0-d array
+    stays 0-d, which ``np.ascontiguousarray`` would make 1-d)."""
+    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})

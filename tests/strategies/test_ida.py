@@ -54,3 +54,24 @@ def test_the_combination_with_examples() -> None:
 def test_an_unknown_weighting_is_named() -> None:
     with pytest.raises(ValueError, match="IDA: weighting must be one of"):
         IDA(weighting="distance")
+
+
+def test_integer_arrays_are_averaged_but_set_no_distance() -> None:
+    # a batch counter that differs with the clients' data sizes must not move the weights
+    def counted(value: float, steps: int):
+        def handle(message: Message) -> Message:
+            content = RecordDict({
+                "arrays": ArrayRecord({"w": Array(np.full((2, 2), value, np.float32)),
+                                       "steps": Array(np.array(steps, np.int64))}),
+                "metrics": MetricRecord({"num-examples": 10})})
+            return Message(content=content, reply_to=message)
+        return handle
+
+    grid = FakeGrid({1: counted(1.0, 60), 2: counted(1.0, 45), 3: counted(-2.0, 90)})
+    start = ArrayRecord({"w": Array(np.zeros((2, 2), np.float32)),
+                         "steps": Array(np.array(0, np.int64))})
+    strategy = IDA(**KWARGS)
+    result = run_rounds(strategy, grid, start, 1).arrays
+    np.testing.assert_allclose(result["w"].numpy(), 0.4, rtol=1e-6)  # weights .4 .4 .2
+    steps = result["steps"].numpy()
+    assert steps.dtype == np.int64 and steps.shape == () and int(steps) == 60

@@ -22,9 +22,15 @@ from fedgsp_flwr.strategies import (
     CFL,
     IFCA,
     Ditto,
+    IDA,
+    FedAdagrad,
+    FedAdam,
     FedAvg,
+    FedFusion,
     FedGSP,
+    FedMMD,
     FedProx,
+    FedYogi,
     FeSEM,
     HierFL,
     SemiFL,
@@ -138,6 +144,28 @@ def test_every_strategy_with_defaults_trains_a_plain_quickstart_app(
         assert set(group.nodes) <= set(range(NODES))
     if name == "semifl":  # keyed by cluster id, each with its cluster's members
         assert all(sorted(g.nodes) == sorted(strategy.clusters[c]) for c, g in models.items())
+
+
+BASELINES: dict[str, Callable[[], Any]] = {
+    "fedadagrad": FedAdagrad, "fedadam": FedAdam, "fedyogi": FedYogi, "ida": IDA,
+    "fedmmd": FedMMD, "fedfusion": FedFusion}
+
+
+@pytest.mark.parametrize("name", list(DEFAULTS) + list(BASELINES))
+def test_a_batchnorm_model_keeps_its_integer_buffer_through_every_strategy(
+        name: str) -> None:
+    # BatchNorm's num_batches_tracked is int64 in the app's state dict: an aggregate that
+    # returned it as float64 would make every later int64 reply a "dtype" misfit.
+    strategy = {**DEFAULTS, **BASELINES}[name]()
+    grid = grid_of(lambda: plain_clientapp.make_app(net=plain_clientapp.BatchNormNet))
+    start = ArrayRecord(plain_clientapp.BatchNormNet().state_dict())
+    result = run_rounds(strategy, grid, start, 3, lr=LR)
+    assert all(strategy.history[r].get("train-rejected", 0) == 0 for r in (1, 2, 3))
+    assert [(k, a.dtype) for k, a in result.arrays.items()] == [
+        (k, a.dtype) for k, a in start.items()]
+    # each training step adds one batch; a mean of counts stays a whole count
+    tracked = int(result.arrays["bn.num_batches_tracked"].numpy())
+    assert 1 <= tracked <= 3 * NODES, tracked
 
 
 def test_our_handlers_enable_histogram_grouping_and_sketch_clustering() -> None:
