@@ -28,7 +28,8 @@ class UnfusableModel(ValueError):
 
 def cut_index(model: torch.nn.Module) -> int:
     """Where FedFusion cuts a ``torch.nn.Sequential``: at the ``Flatten`` after its last
-    convolution, else at its last linear layer.
+    convolution (a top-level layer or inside a block of layers), else at its last
+    linear layer.
 
     Raises
     ------
@@ -41,7 +42,7 @@ def cut_index(model: torch.nn.Module) -> int:
         raise UnfusableModel("FedFusion fuses the features of a torch.nn.Sequential model; got "
                          f"{type(model).__name__}")
     layers = list(model)
-    convs = [i for i, m in enumerate(layers) if isinstance(m, nn.Conv2d)]
+    convs = [i for i, m in enumerate(layers) if _last_conv(m) is not None]
     if convs:
         cut = next((i for i in range(convs[-1] + 1, len(layers))
                     if isinstance(layers[i], nn.Flatten)), None)
@@ -51,6 +52,14 @@ def cut_index(model: torch.nn.Module) -> int:
         raise UnfusableModel("FedFusion needs a Sequential with a Flatten after its last "
                          "convolution, or with a linear layer after others")
     return cut
+
+
+def _last_conv(module: torch.nn.Module) -> torch.nn.Conv2d | None:
+    """The last ``Conv2d`` in ``module`` or its submodules (registration order)."""
+    from torch import nn
+
+    return next((m for m in reversed(list(module.modules())) if isinstance(m, nn.Conv2d)),
+                None)
 
 
 def _fusion_module(operator: str, channels: int) -> torch.nn.Module:
@@ -96,8 +105,8 @@ def fused_model(base: torch.nn.Module, operator: str) -> torch.nn.Module:
 
     cut = cut_index(base)
     layers = list(base)
-    convs = [m for m in layers[:cut] if isinstance(m, nn.Conv2d)]
-    channels = convs[-1].out_channels if convs else layers[cut].in_features
+    last_conv = _last_conv(nn.Sequential(*layers[:cut]))
+    channels = last_conv.out_channels if last_conv is not None else layers[cut].in_features
 
     class Fused(nn.Module):
         def __init__(self) -> None:
@@ -135,15 +144,23 @@ def load_model(base: torch.nn.Module, record: ArrayRecord) -> torch.nn.Module:
     Raises
     ------
     ValueError
-        If the fusion arrays are no operator's, or the model cannot be fused.
+        If the fusion arrays are no operator's.
+    UnfusableModel
+        If the model cannot be fused, or where it is cut has other channels than the
+        fusion module received (the server sizes it from the model's array shapes:
+        :func:`fedgsp_flwr.core.fusion.fusion_channels`).
     """
     names = list(record.keys())
     fusion = split_fusion(names)[1]
     if not fusion:
         base.load_state_dict(record.to_torch_state_dict())
         return base
-    model = fused_model(base, operator_of({k[len(PREFIX):]: tuple(record[k].shape)
-                                           for k in fusion}))
+    received = {k[len(PREFIX):]: tuple(record[k].shape) for k in fusion}
+    model = fused_model(base, operator_of(received))
+    built = {k: tuple(v.shape) for k, v in model.fusion.state_dict().items()}
+    if built != received:
+        raise UnfusableModel(f"the fusion module received has shapes {received}; where "
+                             f"FedFusion cuts this model it needs {built}")
     model.load_state_dict(record.to_torch_state_dict())
     model.set_reference()
     return model

@@ -40,10 +40,12 @@ _HANDLERS: dict[str, tuple[str, str, Callable[[ClientHooks], Handler]]] = {
     "ditto-evaluate": ("evaluate", "ditto", make_ditto_evaluate_handler),
     "fedmmd": ("train", "fedmmd", make_fedmmd_handler),
     "fedfusion": ("train", "fedfusion", make_fedfusion_handler),
+    # our evaluate handler scores a model with fusion arrays as the fused model
+    "fedfusion-evaluate": ("evaluate", "fedfusion", make_evaluate_handler),
 }
 HANDLERS = tuple(_HANDLERS)
 HOOK_HANDLERS = ("histogram", "partition", "sketch", "bilevel", "ifca", "ditto",
-                 "ditto-evaluate", "fedmmd", "fedfusion")
+                 "ditto-evaluate", "fedmmd", "fedfusion", "fedfusion-evaluate")
 
 
 def register_hooks(
@@ -61,8 +63,8 @@ def register_hooks(
         Which handlers to add, among :data:`HANDLERS`. The default adds the hooks our
         strategies use beside an app's own ``train`` and ``evaluate``:
         ``query.histogram``, ``query.partition``, ``query.sketch``, ``train.bilevel``,
-        ``train.ifca``, ``train.ditto``, ``evaluate.ditto``, ``train.fedmmd`` and
-        ``train.fedfusion``.
+        ``train.ifca``, ``train.ditto``, ``evaluate.ditto``, ``train.fedmmd``,
+        ``train.fedfusion`` and ``evaluate.fedfusion``.
 
     Returns
     -------

@@ -26,6 +26,8 @@ import numpy as np
 
 TRAIN_TYPE = "train.fedfusion"
 """The message type of a FedFusion training round."""
+EVALUATE_TYPE = "evaluate.fedfusion"
+"""The message type of a FedFusion evaluation (the fused model scored)."""
 PREFIX = "fusion."
 """Key prefix of the fusion module's arrays in the model's ArrayRecord."""
 OPERATORS = ("conv", "multi", "single")

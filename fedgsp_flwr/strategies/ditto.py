@@ -4,16 +4,15 @@ ICML 2021)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from ..core.ditto import EVALUATE_TYPE, PERSONAL_FLAG, TRAIN_TYPE
-from .fedavg import FedAvg, check_parameters
+from .fedavg import check_parameters
 from .hooked import HookedTrain
 from .metrics import reply_metrics
 
@@ -88,7 +87,8 @@ class Ditto(HookedTrain):
     def __init__(self, *, lambda_: float = 1.0, personal_epochs: int = 0,
                  personal_steps: int = 0, **kwargs: Any) -> None:
         super().__init__(owner="Ditto", train_type=TRAIN_TYPE, fallbacks=FALLBACKS,
-                         hooked_metric="personal-clients", **kwargs)
+                         hooked_metric="personal-clients", evaluate_type=EVALUATE_TYPE,
+                         **kwargs)
         check_parameters("Ditto", [
             (not isinstance(lambda_, bool) and isinstance(lambda_, (int, float))
              and math.isfinite(lambda_) and lambda_ >= 0,
@@ -102,10 +102,8 @@ class Ditto(HookedTrain):
         ])
         self.lambda_ = float(lambda_)
         self.personal_epochs, self.personal_steps = personal_epochs, personal_steps
-        self._plain_eval: set[int] = set()  # nodes without evaluate.ditto alone
         self._personal_scored = 0
         self._step_checked = False
-        self._eval_result: MetricRecord | None = None
 
     def summary(self) -> None:
         """Log Ditto's settings, then FedAvg's."""
@@ -113,21 +111,6 @@ class Ditto(HookedTrain):
                     f"{self.personal_epochs} epochs" if self.personal_epochs else "as w's")
         log(INFO, "\t├──> Ditto: lambda=%g, personal training %s", self.lambda_, personal)
         super().summary()
-
-    # --- messages ---------------------------------------------------------------------
-
-    def message_type(self, node: int, hook_type: str, plain_type: str) -> str:
-        """As :class:`HookedTrain`'s, and plain evaluations for a node without
-        ``evaluate.ditto``.
-        """
-        if hook_type == EVALUATE_TYPE and node in self._plain_eval:
-            return plain_type
-        return super().message_type(node, hook_type, plain_type)
-
-    def plain_for(self, node: int, kind: str) -> None:
-        """Remember a node whose app has ``train.ditto`` but not ``evaluate.ditto``."""
-        if kind == EVALUATE_TYPE:
-            self._plain_eval.add(node)
 
     # --- training ---------------------------------------------------------------------
 
@@ -150,31 +133,7 @@ class Ditto(HookedTrain):
 
     # --- evaluation -------------------------------------------------------------------
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Score each evaluated node with its personal model and with w; keep the
-        metrics (see the class docstring). Nothing the training uses changes here.
-        """
-        self._eval_result = None
-        messages = [self.route(m, EVALUATE_TYPE, "evaluate")
-                    for m in super().configure_evaluate(server_round, arrays, config, grid)]
-        if not messages:
-            return []
-        sent, replies, _ = self.exchange(grid, messages, "evaluate")
-        for message, reply in zip(sent, replies, strict=True):
-            if message.metadata.message_type == "evaluate" and reply is not None:
-                self.as_global_too(reply)
-        self._personal_scored = 0
-        metrics = FedAvg.aggregate_evaluate(self, server_round,
-                                            [r for r in replies if r is not None])
-        counts = {"eval-personal-clients": self._personal_scored}
-        self.history[server_round].update(counts)
-        if metrics is not None:
-            self._eval_result = MetricRecord({**dict(metrics), **counts})
-        return []
-
-    def as_global_too(self, reply: Message) -> None:
+    def complete_eval_reply(self, reply: Message) -> None:
         """Give a plain ``evaluate`` reply (w's scores) the names of ``evaluate.ditto``'s
         global scores too (``<name>-global``) and ``personal-model`` 0, so that both kinds
         of replies aggregate alike. A reply without one MetricRecord is left as it is
@@ -193,9 +152,7 @@ class Ditto(HookedTrain):
         self._personal_scored = sum(
             reply_metrics(m.content).get(PERSONAL_FLAG) == 1 for m in sound)
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Return the metrics computed in ``configure_evaluate``."""
-        result, self._eval_result = self._eval_result, None
-        return result
+    def eval_counts(self) -> dict[str, int]:
+        """``eval-personal-clients``: the round's sound replies that scored a personal
+        model."""
+        return {"eval-personal-clients": self._personal_scored}

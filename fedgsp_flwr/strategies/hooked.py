@@ -1,5 +1,6 @@
 """FedAvg rounds whose training messages go as one of our hook types (``train.<x>``),
-with plain ``train`` for every node whose ClientApp lacks the handler.
+and optionally their evaluations (``evaluate.<x>``), with plain ``train`` and
+``evaluate`` for every node whose ClientApp lacks the handler.
 
 Ditto, FedMMD and FedFusion build on it: their global model is FedAvg's, only the
 clients' step differs.
@@ -35,8 +36,14 @@ class HookedTrain(ServerSideRound):
     node without the handler (after a successful probe) is logged once and takes the
     fallback alone.
 
+    With an ``evaluate_type``, evaluations go as that type too, to the nodes that train
+    with the hook; a node without its handler is evaluated with plain ``evaluate`` (one
+    WARNING), and the round's evaluation metrics are computed in
+    :meth:`configure_evaluate`.
+
     Subclasses set the message config (:meth:`hook_config`), may change what a plain
-    node is sent (:meth:`as_plain`) and name the count of nodes that ran the hook
+    node is sent (:meth:`as_plain`) and how its evaluation reply reads
+    (:meth:`complete_eval_reply`), and name the count of nodes that ran the hook
     (``hooked_metric``).
 
     Parameters
@@ -49,6 +56,8 @@ class HookedTrain(ServerSideRound):
         What happens instead, by message type.
     hooked_metric : str
         Per-round metric: the nodes that trained with the hook.
+    evaluate_type : str | None (default: None)
+        The hook's evaluation message type (None: plain ``evaluate``).
     **kwargs : Any
         ``train_timeout`` and FedAvg's parameters.
 
@@ -59,11 +68,15 @@ class HookedTrain(ServerSideRound):
     """
 
     def __init__(self, *, owner: str, train_type: str, fallbacks: Mapping[str, str],
-                 hooked_metric: str, **kwargs: Any) -> None:
+                 hooked_metric: str, evaluate_type: str | None = None, **kwargs: Any
+                 ) -> None:
         super().__init__(**kwargs)
         self.owner, self.train_type, self.hooked_metric = owner, train_type, hooked_metric
+        self.evaluate_type = evaluate_type
         self.hooks = HookSupport(owner, fallbacks)
         self.plain: dict[int, str] = {}
+        self._plain_eval: set[int] = set()  # nodes without the evaluate_type handler alone
+        self._eval_result: MetricRecord | None = None
 
     # --- messages ---------------------------------------------------------------------
 
@@ -72,7 +85,7 @@ class HookedTrain(ServerSideRound):
         training hook.
         """
         if node in self.plain or not self.hooks.has(self.train_type) or not self.hooks.has(
-                hook_type):
+                hook_type) or (hook_type == self.evaluate_type and node in self._plain_eval):
             return plain_type
         return hook_type
 
@@ -133,7 +146,10 @@ class HookedTrain(ServerSideRound):
                 self.hooks.fallbacks[kind])
 
     def plain_for(self, node: int, kind: str) -> None:
-        """Called when ``node`` turns out to lack the handler of ``kind``."""
+        """Called when ``node`` turns out to lack the handler of ``kind``: remember a node
+        that has the training hook but not the evaluation one."""
+        if kind == self.evaluate_type:
+            self._plain_eval.add(node)
 
     # --- training ---------------------------------------------------------------------
 
@@ -175,3 +191,49 @@ class HookedTrain(ServerSideRound):
             metrics = MetricRecord({**dict(metrics), **counts})
         self._round_result = (arrays_out, metrics)
         return []
+
+    # --- evaluation -------------------------------------------------------------------
+
+    def complete_eval_reply(self, reply: Message) -> None:
+        """Make a plain node's evaluation reply comparable with the hooked ones (in
+        place)."""
+
+    def eval_counts(self) -> dict[str, int]:
+        """Per-round counts added to the evaluation metrics."""
+        return {}
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's evaluation; with an ``evaluate_type``, sent here as that type (plain
+        ``evaluate`` where the hook lacks) and aggregated here: nothing is left for
+        Flower to send, and :meth:`aggregate_evaluate` returns the metrics.
+        """
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        if self.evaluate_type is None:
+            return messages
+        self._eval_result = None
+        if not messages:
+            return []
+        messages = [self.route(m, self.evaluate_type, "evaluate") for m in messages]
+        sent, replies, _ = self.exchange(grid, messages, "evaluate")
+        for message, reply in zip(sent, replies, strict=True):
+            if message.metadata.message_type == "evaluate" and reply is not None:
+                self.complete_eval_reply(reply)
+        metrics = FedAvg.aggregate_evaluate(self, server_round,
+                                            [r for r in replies if r is not None])
+        counts = self.eval_counts()
+        self.history[server_round].update(counts)
+        if metrics is not None:
+            self._eval_result = MetricRecord({**dict(metrics), **counts})
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """FedAvg's; with an ``evaluate_type``, the metrics computed in
+        :meth:`configure_evaluate`."""
+        if self.evaluate_type is None:
+            return super().aggregate_evaluate(server_round, replies)
+        result, self._eval_result = self._eval_result, None
+        return result

@@ -5,13 +5,11 @@ clients' step; both need our client handler and fall back to FedAvg without it."
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from logging import INFO
 from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from ..core import fedmmd, fusion
 from ..core.fusion import init_fusion, split_fusion
@@ -73,8 +71,13 @@ class FedFusion(HookedTrain):
     The global model carries the module's arrays (``fusion.*``, added in the first
     round, see :mod:`fedgsp_flwr.core.fusion`); the round is FedAvg's over all of them.
     The messages are ``train.fedfusion`` (handler:
-    :func:`fedgsp_flwr.clients.fedfusion.make_fedfusion_handler`); evaluation and the app's
-    central evaluation score the fused model with the global model as its own reference.
+    :func:`fedgsp_flwr.clients.fedfusion.make_fedfusion_handler`) and
+    ``evaluate.fedfusion`` (our ``evaluate`` handler); evaluation and the app's central
+    evaluation score the fused model with the global model as its own reference. A node
+    with ``train.fedfusion`` but no ``evaluate.fedfusion`` (an app that keeps its own
+    ``@app.evaluate()``) is evaluated with plain ``evaluate`` messages of the model
+    without the module (one WARNING): its scores are the base model's, not the fused
+    one's.
 
     A ClientApp without the handler: if none has it, one WARNING, the module is dropped
     and the run is FedAvg of the plain model; in a mixed federation a node without it is
@@ -96,8 +99,12 @@ class FedFusion(HookedTrain):
     def __init__(self, *, operator: str = "conv", seed: int = 0, **kwargs: Any) -> None:
         super().__init__(
             owner="FedFusion", train_type=fusion.TRAIN_TYPE, hooked_metric="fusion-clients",
+            evaluate_type=fusion.EVALUATE_TYPE,
             fallbacks={fusion.TRAIN_TYPE: "plain 'train' messages of the model without the "
-                       "fusion module: FedFusion reduces to FedAvg"}, **kwargs)
+                       "fusion module: FedFusion reduces to FedAvg",
+                       fusion.EVALUATE_TYPE: "plain 'evaluate' messages of the model "
+                       "without the fusion module: the nodes score the base model, not "
+                       "the fused one"}, **kwargs)
         check_parameters("FedFusion", [
             (operator in fusion.OPERATORS,
              f"operator must be one of {', '.join(fusion.OPERATORS)}, got {operator!r}"),
@@ -154,12 +161,3 @@ class FedFusion(HookedTrain):
             for key in fused:
                 if key not in record:
                     record[key] = sent[key]
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """FedAvg's evaluation; a node without the handler scores the model without the
-        fusion module (the model it trains).
-        """
-        return [self.as_plain(m, "evaluate") if m.metadata.dst_node_id in self.plain else m
-                for m in super().configure_evaluate(server_round, arrays, config, grid)]

@@ -17,10 +17,11 @@ from torch import nn
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.fedmmd import make_fedmmd_handler, mmd2
 from fedgsp_flwr.clients.fedfusion import make_fedfusion_handler
-from fedgsp_flwr.clients.fusion import fused_model, load_model
+from fedgsp_flwr.clients.fusion import UnfusableModel, fused_model, load_model
 from fedgsp_flwr.clients.handlers import local_seed
 from fedgsp_flwr.core.fedmmd import SIGMAS
 from fedgsp_flwr.core.fusion import init_fusion
+from fedgsp_flwr.core.hooks import UNSUPPORTED_HOOK_TEXT
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.training import train
 from helpers import instruction, make_context, vector_data
@@ -38,6 +39,16 @@ def cnn() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+
+
+def blocks_cnn() -> nn.Sequential:
+    """A CNN built from blocks: its convolutions are not top-level layers."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                      nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Flatten(), nn.Linear(6 * 2 * 2, 3))
 
 
 def with_fusion(model: nn.Module, operator: str, seed: int = 0) -> ArrayRecord:
@@ -137,6 +148,7 @@ def test_a_fedmmd_message_without_its_weight_is_refused() -> None:
 
 @pytest.mark.parametrize("operator", ["conv", "multi", "single"])
 @pytest.mark.parametrize(("build", "shape", "channels"), [(cnn, (1, 8, 8), 4),
+                                                          (blocks_cnn, (1, 8, 8), 6),
                                                           (mlp, (5,), 8)])
 def test_each_operator_fuses_at_the_features_and_gradients_flow(
         operator: str, build: object, shape: tuple, channels: int) -> None:
@@ -151,7 +163,7 @@ def test_each_operator_fuses_at_the_features_and_gradients_flow(
                 "single": {"fusion.gamma": (1,)}}[operator]
     assert fusion == expected
     with torch.no_grad():  # local features apart from the reference's (gamma's gradient)
-        model.get_submodule("0").weight.mul_(0.5)
+        next(model.get_submodule("0").parameters()).mul_(0.5)
         if operator != "conv":
             model.fusion.gamma.fill_(0.5)
     x = torch.randn(6, *shape)
@@ -219,6 +231,24 @@ def test_a_fedfusion_message_without_the_module_is_refused() -> None:
         handler(instruction(content, "train.fedfusion"), make_context(0))
     with pytest.raises(ValueError, match="torch.nn.Sequential"):
         fused_model(nn.Linear(3, 2), "conv")
+
+
+def test_a_model_cut_where_the_servers_module_does_not_fit_falls_back_to_plain_training(
+        ) -> None:
+    # The server sizes the module from the last 2-D weight (6 inputs, inside the last
+    # block); this model is cut at its last top-level linear layer (8 inputs).
+    def odd(_context: object = None, _data: object = None) -> nn.Sequential:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 6),
+                             nn.Sequential(nn.ReLU(), nn.Linear(6, 3)))
+
+    with pytest.raises(UnfusableModel, match="needs"):
+        load_model(odd(), with_fusion(odd(), "multi"))
+    handler = make_fedfusion_handler(ClientHooks(load_data=lambda _c: DATA, build_model=odd))
+    content = RecordDict({"arrays": with_fusion(odd(), "conv"),
+                          "config": ConfigRecord(SETTINGS)})
+    with pytest.raises(ValueError, match=UNSUPPORTED_HOOK_TEXT):
+        handler(instruction(content, "train.fedfusion"), make_context(0))
 
 
 def test_a_model_without_fusion_arrays_loads_as_it_is() -> None:

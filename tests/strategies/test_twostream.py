@@ -46,7 +46,7 @@ def federation(hooked: bool = True, plain: tuple[int, ...] = ()) -> FakeGrid:
     handlers = {}
     for node in range(NODES):
         hooks = ClientHooks(load_data=lambda _c, p=node: skewed(p), build_model=net)
-        names = ("train", "evaluate") + (("fedmmd", "fedfusion")
+        names = ("train", "evaluate") + (("fedmmd", "fedfusion", "fedfusion-evaluate")
                                          if hooked and node not in plain else ())
         app = register_hooks(ClientApp(), hooks, handlers=names)
         context = make_context(node, NODES)
@@ -154,6 +154,9 @@ def test_fedfusion_carries_and_trains_the_module_with_the_model(operator: str) -
     # the global model is the example-weighted mean of the replies (FedAvg's)
     assert strategy.history[2]["fusion-clients"] == NODES
     assert strategy.history[2]["eval-replies"] == NODES
+    evaluated = pushed(grid, "evaluate.fedfusion")  # the fused model is scored
+    assert len(evaluated) == 2 * NODES and not pushed(grid, "evaluate")
+    assert all(list(m.content["arrays"].keys()) == list(first.keys()) for _, m in evaluated)
     model = load_model(net(), result.arrays)  # what the app's central evaluation builds
     assert model(torch.zeros(2, plain_clientapp.FEATURES)).shape == (2, 4)
 
@@ -192,6 +195,32 @@ def test_a_model_fedfusion_cannot_cut_trains_as_fedavg(
     assert kinds(grid).count("train.fedfusion") == 1  # the probe only
     warnings = [r.getMessage() for r in caplog.records if "FedFusion" in r.getMessage()]
     assert len(warnings) == 1 and "torch.nn.Sequential model; got Net" in warnings[0]
+
+
+def test_an_app_with_its_own_evaluate_scores_the_model_it_can_load(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The app keeps its own @app.train/@app.evaluate (strict load_state_dict of its
+    # Sequential) and adds only our train.fedfusion handler.
+    handlers = {}
+    for node in range(NODES):
+        app = register_hooks(plain_clientapp.make_app(net=net),
+                             ClientHooks(load_data=lambda _c, p=node: skewed(p),
+                                         build_model=net), handlers=("fedfusion",))
+        context = make_context(node, NODES)
+        handlers[node] = lambda message, a=app, c=context: a(message, c)
+    grid = FakeGrid(handlers)
+    strategy = FedFusion(fraction_train=1.0, fraction_evaluate=1.0)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        result = run_rounds(strategy, grid, initial(), 2, **SETTINGS)
+    entry = strategy.history[2]
+    assert entry["fusion-clients"] == NODES and entry["eval-rejected"] == 0
+    assert entry["eval-replies"] == NODES and "eval_acc" in entry
+    assert kinds(grid).count("evaluate.fedfusion") == 1  # the probe only
+    assert all(not any(k.startswith("fusion.") for k in m.content["arrays"].keys())
+               for _, m in pushed(grid, "evaluate"))
+    warnings = [r.getMessage() for r in caplog.records if "evaluate.fedfusion" in r.getMessage()]
+    assert len(warnings) == 1 and "score the base model" in warnings[0]
+    assert any(k.startswith("fusion.") for k in result.arrays.keys())
 
 
 def test_in_a_mixed_federation_plain_nodes_leave_the_module_as_sent() -> None:
