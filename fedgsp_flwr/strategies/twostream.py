@@ -156,8 +156,9 @@ class FedFusion(HookedTrain):
             self._sent_arrays = without_fusion(sent)
             return
         fused = split_fusion(list(sent.keys()))[1]
-        record = reply.content.array_records.get("arrays") if reply.has_content() else None
-        if record is not None:
+        records = list(reply.content.array_records.values()) if reply.has_content() else []
+        if len(records) == 1:  # the app's own name for it; validation rejects the rest
+            record = records[0]
             for key in fused:
                 if key not in record:
                     record[key] = sent[key]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -235,6 +235,23 @@ def test_in_a_mixed_federation_plain_nodes_leave_the_module_as_sent() -> None:
     assert plain_messages and all(
         not any(k.startswith("fusion.") for k in m.content["arrays"].keys())
         for m in plain_messages)
+
+
+def test_a_plain_node_that_names_its_model_record_otherwise_is_completed_too() -> None:
+    grid = federation(plain=(3,))
+    inner = grid.handlers[3]
+
+    def renamed(message: Message) -> Message:  # the app's own record names
+        reply = inner(message)
+        content = RecordDict({"model": reply.content["arrays"],
+                              "train_metrics": reply.content["metrics"]})
+        return Message(content, reply_to=message)
+
+    grid.handlers[3] = renamed
+    strategy = FedFusion(operator="single", fraction_train=1.0, fraction_evaluate=0.0)
+    run_rounds(strategy, grid, initial(), 2, **SETTINGS)
+    entry = strategy.history[2]
+    assert entry["plain-clients"] == 1 and entry["train-rejected"] == 0
 
 
 def test_a_hooked_round_averages_the_module_with_the_plain_nodes_unchanged_share() -> None:
