@@ -29,7 +29,8 @@ class UnfusableModel(ValueError):
 def cut_index(model: torch.nn.Module) -> int:
     """Where FedFusion cuts a ``torch.nn.Sequential``: at the ``Flatten`` after its last
     convolution (a top-level layer or inside a block of layers), else at its last
-    linear layer.
+    linear layer. The layers before the cut must have parameters (a logistic
+    regression, ``Flatten`` then ``Linear``, has no features to fuse).
 
     Raises
     ------
@@ -51,6 +52,11 @@ def cut_index(model: torch.nn.Module) -> int:
     if not cut:
         raise UnfusableModel("FedFusion needs a Sequential with a Flatten after its last "
                          "convolution, or with a linear layer after others")
+    if not any(True for layer in layers[:cut] for _ in layer.parameters()):
+        raise UnfusableModel("FedFusion fuses learnt features: the layers before its cut "
+                             f"({', '.join(type(m).__name__ for m in layers[:cut])}) have "
+                             "no parameters, so the local and the received features are "
+                             "the same")
     return cut
 
 

@@ -244,6 +244,9 @@ def test_a_model_cut_where_the_servers_module_does_not_fit_falls_back_to_plain_t
 
     with pytest.raises(UnfusableModel, match="needs"):
         load_model(odd(), with_fusion(odd(), "multi"))
+    logistic = nn.Sequential(nn.Flatten(), nn.Linear(5, 3))  # no features to fuse
+    with pytest.raises(UnfusableModel, match=r"\(Flatten\) have no parameters"):
+        load_model(logistic, with_fusion(logistic, "conv"))
     handler = make_fedfusion_handler(ClientHooks(load_data=lambda _c: DATA, build_model=odd))
     content = RecordDict({"arrays": with_fusion(odd(), "conv"),
                           "config": ConfigRecord(SETTINGS)})
