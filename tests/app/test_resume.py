@@ -32,7 +32,9 @@ STRATEGIES = {
     "fesem": {"fesem-k": 2, "fraction-train": 0.75},
     "semifl": {"semifl-cluster-size": 2, "semifl-shuffle": True},
     "fedadam": {"fraction-train": 0.75},  # the optimizer's moments in the checkpoint
-    "fedfusion": {},  # the fusion module travels in the model's arrays
+    # the fusion module travels in the model's arrays (an MLP: a logistic regression
+    # has no features to fuse)
+    "fedfusion": {"model": "mlp", "fedfusion-operator": "multi"},
     # the personal models stay on the nodes, in files of client-state-dir
     "ditto": {"fraction-train": 0.75, "fraction-evaluate": 1.0},
     "ifca": {"ifca-k": 2, "fraction-train": 0.75},  # the clients' choices by partition
@@ -113,6 +115,8 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path: Path,
             assert list(expected) == list(got), name
             for key in expected:
                 np.testing.assert_array_equal(got[key], expected[key], err_msg=f"{name} {key}")
+    if strategy == "fedfusion":
+        assert any(k.startswith("fusion.") for k in arrays(part / "model.npz"))
     full_rounds, part_rounds = read_metrics(full)["rounds"], read_metrics(part)["rounds"]
     assert [r["round"] for r in part_rounds] == [0, 1, 2, 3]
     # every metric of every round: assignments, cluster sizes, losses, bytes, ...
