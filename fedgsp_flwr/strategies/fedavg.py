@@ -348,7 +348,10 @@ class FedAvg(FlowerFedAvg):
         """
         dtypes = {k: a.dtype for k, a in next(iter(contents[0].array_records.values())).items()}
         mean = aggregate_arrayrecords(contents, self.weighted_by_key)
-        return ArrayRecord({k: Array(as_dtype(a.numpy(), dtypes[k])) for k, a in mean.items()})
+        # re-encode only the arrays whose dtype changed (a model's worth of bytes a round)
+        return ArrayRecord({k: a if a.dtype == dtypes[k] else Array(as_dtype(a.numpy(),
+                                                                            dtypes[k]))
+                            for k, a in mean.items()})
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
