@@ -172,6 +172,9 @@ class RunConfig:
     fedfusion_operator: str = _setting(
         "conv", "FedFusion fusion operator: conv (1x1 convolution of both feature maps) | "
         "multi (a weight per channel) | single (one weight)", choices=FUSION_OPERATORS)
+    fedfusion_gamma_momentum: float = _setting(
+        0.9, "FedFusion multi/single: server momentum of gamma (the authors' shadow update; "
+        "0 = FedAvg's mean)", lambda v: 0.0 <= v < 1.0, "in [0, 1)")
     fedgsp_growth: str = _setting("log", "FedGSP growth function of the number of groups",
                                   choices=GROWTH_FUNCTIONS)
     fedgsp_growth_alpha: float = _setting(2.0, "FedGSP growth rate alpha", _positive, "> 0")

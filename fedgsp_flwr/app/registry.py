@@ -242,6 +242,7 @@ STRATEGIES: dict[str, Callable[[RunConfig, RunContext], FedAvg]] = {
     "fedmmd": lambda cfg, run: FedMMD(mmd_weight=cfg.fedmmd_weight,
                                       train_timeout=cfg.train_timeout, **common_kwargs(cfg)),
     "fedfusion": lambda cfg, run: FedFusion(operator=cfg.fedfusion_operator, seed=cfg.seed,
+                                            gamma_momentum=cfg.fedfusion_gamma_momentum,
                                             train_timeout=cfg.train_timeout,
                                             **common_kwargs(cfg)),
 }

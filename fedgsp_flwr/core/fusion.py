@@ -15,7 +15,8 @@ global model (y) are fused into C channels (feature vectors count as C channels 
 - ``single``: the same with one gamma (shape (1,)), from 0.
 
 The module's arrays travel with the model (keys :data:`PREFIX` + name) and are averaged
-with it.
+with it; gamma then moves by the authors' server-side shadow update
+(:func:`shadow_gamma`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ EVALUATE_TYPE = "evaluate.fedfusion"
 PREFIX = "fusion."
 """Key prefix of the fusion module's arrays in the model's ArrayRecord."""
 OPERATORS = ("conv", "multi", "single")
+GAMMA_KEY = PREFIX + "gamma"
+"""The ``multi`` and ``single`` operators' array."""
+SHADOW_MOMENTUM = 0.9
+"""The authors' server-side momentum of gamma (``Agent.update_shadow``, mu = 0.9)."""
 
 
 def fusion_channels(shapes: Sequence[tuple[int, ...]]) -> int:
@@ -107,3 +112,15 @@ def split_fusion(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """The model's keys and the fusion module's keys (with :data:`PREFIX`), in order."""
     fusion = [n for n in names if n.startswith(PREFIX)]
     return [n for n in names if not n.startswith(PREFIX)], fusion
+
+
+def shadow_gamma(sent: np.ndarray, mean: np.ndarray, momentum: float) -> np.ndarray:
+    """The new global gamma of ``multi``/``single`` by the authors' shadow update
+    (thu-media/FedFusion, ``Agent.update_shadow``): ``momentum`` x the gamma the round
+    sent + (1 - ``momentum``) x the clients' mean, in ``sent``'s dtype. Momentum 0 is
+    FedAvg's mean; the authors' 0.9 moves gamma a tenth of the way a round.
+    """
+    if sent.shape != mean.shape:
+        raise ValueError(f"gamma's shape changed: sent {sent.shape}, mean {mean.shape}")
+    return (momentum * sent.astype(np.float64) + (1.0 - momentum) * mean.astype(np.float64)
+            ).astype(sent.dtype)

@@ -92,11 +92,17 @@ class FedFusion(HookedTrain):
         per channel) or ``single`` (one learnt weight).
     seed : int (default: 0)
         Seed of the ``conv`` module's initialisation.
+    gamma_momentum : float (default: 0.9, the authors' code)
+        ``multi`` and ``single`` only: the new global gamma is ``gamma_momentum`` x the
+        gamma sent + (1 - ``gamma_momentum``) x the clients' mean (the authors' server
+        side shadow update, :func:`fedgsp_flwr.core.fusion.shadow_gamma`); 0 averages
+        gamma as FedAvg averages the rest. In [0, 1).
     **kwargs : Any
         ``train_timeout`` and FedAvg's parameters.
     """
 
-    def __init__(self, *, operator: str = "conv", seed: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *, operator: str = "conv", seed: int = 0,
+                 gamma_momentum: float = fusion.SHADOW_MOMENTUM, **kwargs: Any) -> None:
         super().__init__(
             owner="FedFusion", train_type=fusion.TRAIN_TYPE, hooked_metric="fusion-clients",
             evaluate_type=fusion.EVALUATE_TYPE,
@@ -108,13 +114,30 @@ class FedFusion(HookedTrain):
         check_parameters("FedFusion", [
             (operator in fusion.OPERATORS,
              f"operator must be one of {', '.join(fusion.OPERATORS)}, got {operator!r}"),
-            (type(seed) is int, f"seed must be an integer, got {seed!r}")])
+            (type(seed) is int, f"seed must be an integer, got {seed!r}"),
+            (not isinstance(gamma_momentum, bool) and isinstance(gamma_momentum, (int, float))
+             and 0.0 <= gamma_momentum < 1.0,
+             f"gamma_momentum must be a number in [0, 1), got {gamma_momentum!r}")])
         self.operator, self.seed = operator, seed
+        self.gamma_momentum = float(gamma_momentum)
 
     def summary(self) -> None:
         """Log FedFusion's operator, then FedAvg's settings."""
-        log(INFO, "\t├──> FedFusion: operator %s", self.operator)
+        log(INFO, "\t├──> FedFusion: operator %s%s", self.operator,
+            f", gamma momentum {self.gamma_momentum:g}" if self.operator != "conv" else "")
         super().summary()
+
+    def combine_models(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
+        """FedAvg's mean, with gamma (``multi``, ``single``) moved by the shadow update
+        from the gamma the round sent."""
+        mean = super().combine_models(server_round, contents)
+        sent = self._sent_arrays
+        key = fusion.GAMMA_KEY
+        if self.gamma_momentum == 0.0 or key not in mean or sent is None or key not in sent:
+            return mean
+        mean[key] = Array(fusion.shadow_gamma(sent[key].numpy(), mean[key].numpy(),
+                                              self.gamma_momentum))
+        return mean
 
     def train_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """``arrays`` with the fusion module (added if missing), or without it once no

@@ -1,5 +1,5 @@
 """FedFusion's module as arrays: where the model is cut, the operators' shapes and
-initialisation, and the operator read back from the arrays."""
+initialisation, the operator read back from the arrays, and gamma's shadow update."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 from fedgsp_flwr.core.fusion import (
     OPERATORS,
     PREFIX,
+    SHADOW_MOMENTUM,
     fusion_channels,
     init_fusion,
     operator_of,
+    shadow_gamma,
     split_fusion,
 )
 
@@ -62,3 +64,14 @@ def test_split_keeps_the_order_of_both_parts() -> None:
     names = ["0.weight", "0.bias", "fusion.weight", "3.weight", "fusion.bias"]
     assert split_fusion(names) == (["0.weight", "0.bias", "3.weight"],
                                    ["fusion.weight", "fusion.bias"])
+
+
+def test_the_shadow_update_moves_gamma_a_tenth_of_the_way_in_its_dtype() -> None:
+    sent = np.array([0.0, 0.5, -1.0], np.float32)
+    mean = np.array([1.0, 0.5, 1.0], np.float32)
+    moved = shadow_gamma(sent, mean, SHADOW_MOMENTUM)
+    assert moved.dtype == np.float32
+    np.testing.assert_allclose(moved, [0.1, 0.5, -0.8], rtol=1e-6)
+    np.testing.assert_array_equal(shadow_gamma(sent, mean, 0.0), mean)
+    with pytest.raises(ValueError, match="gamma's shape changed"):
+        shadow_gamma(sent, mean[:2], 0.9)

@@ -259,7 +259,8 @@ def test_a_hooked_round_averages_the_module_with_the_plain_nodes_unchanged_share
     replies: dict[int, Message] = {}
     for node, handler in list(grid.handlers.items()):
         grid.handlers[node] = lambda m, h=handler, n=node: replies.setdefault(n, h(m))
-    strategy = FedFusion(operator="single", fraction_train=1.0, fraction_evaluate=0.0)
+    strategy = FedFusion(operator="single", gamma_momentum=0.0, fraction_train=1.0,
+                         fraction_evaluate=0.0)
     result = run_rounds(strategy, grid, initial(), 1, **SETTINGS)
     sent = next(m for _, m in pushed(grid, "train.fedfusion")).content["arrays"]
     gammas = [replies[n].content["arrays"]["fusion.gamma"].numpy()[0] for n in range(1, NODES)]
@@ -268,9 +269,44 @@ def test_a_hooked_round_averages_the_module_with_the_plain_nodes_unchanged_share
     assert result.arrays["fusion.gamma"].numpy()[0] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("operator", ["multi", "single"])
+def test_gamma_moves_by_the_authors_shadow_update_and_the_rest_is_fedavg(
+        operator: str) -> None:
+    grid = federation()
+    replies: dict[tuple[int, int], Message] = {}
+    for node, handler in list(grid.handlers.items()):
+        def record(m: Message, h: Any = handler, n: int = node) -> Message:
+            reply = h(m)
+            if m.metadata.message_type == "train.fedfusion":
+                replies[(int(m.content["config"]["server-round"]), n)] = reply
+            return reply
+        grid.handlers[node] = record
+    strategy = FedFusion(operator=operator, fraction_train=1.0, fraction_evaluate=0.0)
+    assert strategy.gamma_momentum == 0.9  # the authors' default
+    result = run_rounds(strategy, grid, initial(), 2, **SETTINGS)
+    round_2 = [m.content["arrays"] for _, m in pushed(grid, "train.fedfusion")][NODES:]
+    sent = round_2[0]["fusion.gamma"].numpy()  # round 1's global gamma
+
+    def mean_of(key: str) -> np.ndarray:  # equal example counts: the plain mean
+        return np.mean([replies[(2, n)].content["arrays"][key].numpy()
+                        for n in range(NODES)], axis=0)
+
+    gamma = result.arrays["fusion.gamma"].numpy()
+    assert gamma.dtype == np.float32 and np.any(sent != 0)  # round 1 moved it too
+    np.testing.assert_allclose(gamma, 0.9 * sent + 0.1 * mean_of("fusion.gamma"),
+                               rtol=1e-5, atol=1e-8)
+    assert not np.allclose(gamma, mean_of("fusion.gamma"))
+    first_weight = next(iter(initial().keys()))
+    np.testing.assert_allclose(result.arrays[first_weight].numpy(), mean_of(first_weight),
+                               rtol=1e-5, atol=1e-7)
+
+
 def test_bad_parameters_are_refused() -> None:
     with pytest.raises(ValueError, match="operator must be one of"):
         FedFusion(operator="sum")
+    for momentum in (1.0, -0.1, True):
+        with pytest.raises(ValueError, match="gamma_momentum must be a number in"):
+            FedFusion(operator="multi", gamma_momentum=momentum)
     with pytest.raises(ValueError, match="mmd_weight must be a finite number"):
         FedMMD(mmd_weight=-1.0)
     with pytest.raises(ValueError, match="mmd_weight"):
