@@ -61,8 +61,9 @@ def mmd2(x: torch.Tensor, y: torch.Tensor, sigmas: Sequence[float] = SIGMAS
     scale = 1.0 / (2.0 * torch.tensor(sigmas, dtype=x.dtype)).reshape(-1, 1, 1)
 
     def kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        # squared distances by differences: the Gram expansion loses the zeros to rounding
-        distances = (a.unsqueeze(1) - b.unsqueeze(0)).pow(2).sum(-1)
+        # Distances by differences (the Gram expansion loses the zeros to rounding), pair
+        # by pair: broadcasting a - b would hold a B x B x D tensor (GBs for images).
+        distances = torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist").pow(2)
         return torch.exp(-scale * distances).sum(0)
 
     cost = kernel(x, x).mean() + kernel(y, y).mean() - 2 * kernel(x, y).mean()
