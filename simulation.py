@@ -662,13 +662,16 @@ def write_comparison(exp: Experiment, root: Path) -> None:
 
     for key in [exp.metric, *exp.report]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label in exp.strategies:
+        colours = plt.get_cmap("tab10")
+        for i, label in enumerate(exp.strategies):
             rounds, runs = curves(exp, root, label, key)
             if not runs:
                 continue
             values = np.array(runs)
             mean, std = values.mean(0), values.std(0)
-            (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(runs)})")
+            # ten colours: from the 11th strategy on dashed, or it would repeat a colour
+            (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(runs)})",
+                              color=colours(i % 10), linestyle="-" if i < 10 else "--")
             ax.fill_between(rounds, mean - std, mean + std, alpha=0.2,
                             color=line.get_color())
         if exp.target_accuracy is not None and key == exp.metric:

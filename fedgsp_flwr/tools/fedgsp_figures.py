@@ -287,6 +287,8 @@ def plot_cost(rows: list[dict[str, Any]], path: Path) -> None:
                                 fontsize=7)
             ax.set(title=title)
             ax.tick_params(axis="x", rotation=45)
+            for tick in ax.get_xticklabels():  # long labels end under their bar
+                tick.set_horizontalalignment("right")
             ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
