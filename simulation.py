@@ -660,9 +660,9 @@ def write_comparison(exp: Experiment, root: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colours = plt.get_cmap("tab10")
     for key in [exp.metric, *exp.report]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        colours = plt.get_cmap("tab10")
         for i, label in enumerate(exp.strategies):
             rounds, runs = curves(exp, root, label, key)
             if not runs:

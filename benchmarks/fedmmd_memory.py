@@ -1,5 +1,5 @@
-"""FedMMD's MMD^2 on large outputs: pairwise distances by ``torch.cdist`` (0.6) against
-by broadcasting (through 0.5).
+"""FedMMD's MMD^2 on large outputs: pairwise distances by ``torch.cdist`` (now) against
+by broadcasting (through 0.5.0).
 
     python benchmarks/fedmmd_memory.py [--shapes 5x10,32x10,8x65536,8x1048576]
         [--repeats 3] [--out docs/results/fedmmd-memory.json]
@@ -75,9 +75,9 @@ def measure(variant: str, batch: int, dim: int, repeats: int, out: Any) -> None:
 
 def run(variant: str, batch: int, dim: int, repeats: int) -> dict[str, Any]:
     """:func:`measure` in a spawned process."""
-    receive, send = mp.get_context("spawn").Pipe(duplex=False)
-    process = mp.get_context("spawn").Process(target=measure,
-                                               args=(variant, batch, dim, repeats, send))
+    context = mp.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=measure, args=(variant, batch, dim, repeats, send))
     process.start()
     result = receive.recv()
     process.join()

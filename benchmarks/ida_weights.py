@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmark_io import emit_json  # noqa: E402
+from fedgsp_flwr.app.checkpoint import load_checkpoint  # noqa: E402
 from fedgsp_flwr.app.config import RunConfig  # noqa: E402
 from fedgsp_flwr.app.datasets import bundle_for, load_partitions  # noqa: E402
 from fedgsp_flwr.core.ida import inverse_distance_weights  # noqa: E402
@@ -43,9 +44,7 @@ def probe(folder: Path, sample_seed: int, clients: int) -> dict[str, Any]:
     cfg = RunConfig.from_mapping(meta["run-config"])
     nodes = int(meta["num-nodes"])
     parts, bundle = load_partitions(cfg, nodes), bundle_for(cfg, nodes)
-    with np.load(folder / "checkpoint.npz") as saved:
-        state = {k[len("model/"):]: torch.from_numpy(saved[k])
-                 for k in saved.files if k.startswith("model/")}
+    state = {k: torch.from_numpy(v) for k, v in load_checkpoint(folder).model.items()}
     chosen = sorted(int(k) for k in np.random.default_rng(sample_seed).choice(
         nodes, clients, replace=False))
     models, counts = [], []
