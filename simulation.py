@@ -662,7 +662,7 @@ def write_comparison(exp: Experiment, root: Path) -> None:
 
     colours = plt.get_cmap("tab10")
     for key in [exp.metric, *exp.report]:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(9, 4.5))
         for i, label in enumerate(exp.strategies):
             rounds, runs = curves(exp, root, label, key)
             if not runs:
@@ -678,7 +678,8 @@ def write_comparison(exp: Experiment, root: Path) -> None:
             ax.axhline(exp.target_accuracy, color="grey", linestyle=":", linewidth=1)
         ax.set(xlabel="round", ylabel=key, title=exp.name)
         ax.grid(alpha=0.3)
-        ax.legend()
+        # beside the axes: inside, a long legend hides the first rounds' curves
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         fig.tight_layout()
         name = "comparison.png" if key == exp.metric else f"comparison-{key}.png"
         fig.savefig(root / name, dpi=100)

@@ -283,8 +283,8 @@ def plot_cost(rows: list[dict[str, Any]], path: Path) -> None:
             ax.bar(names, [0.0 if v is None else v * scale for v in values])
             for x, v in enumerate(values):
                 if v is None:
-                    ax.annotate("not\nreached", (x, 0), ha="center", va="bottom",
-                                fontsize=7)
+                    ax.annotate("not reached", (x, 0), ha="center", va="bottom",
+                                rotation=90, fontsize=7)  # upright: neighbours overlap
             ax.set(title=title)
             ax.tick_params(axis="x", rotation=45)
             for tick in ax.get_xticklabels():  # long labels end under their bar
