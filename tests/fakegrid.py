@@ -90,3 +90,107 @@ class FakeGrid(Grid):
             ids = [i for i in ids if i not in done]
             time.sleep(0.005)
         return out
+
+
+# --- a grid that can deliver more than one reply to a message ---------------------------
+
+Extra = Callable[[Message, Message | None], list[Message]]
+
+
+def forged(reply: Message, src_node_id: int, reply_to_message_id: str | None = None) -> Message:
+    """``reply`` (a fresh copy) claiming to come from ``src_node_id``, and to answer
+    ``reply_to_message_id`` when given (a message id never issued, say).
+    """
+    copy = Message(reply.error, reply_to=request_of(reply)) if reply.has_error() else (
+        Message(reply.content, reply_to=request_of(reply)))
+    copy.metadata.__dict__["_src_node_id"] = src_node_id
+    if reply_to_message_id is not None:
+        copy.metadata.__dict__["_reply_to_message_id"] = reply_to_message_id
+    return copy
+
+
+def request_of(reply: Message) -> Message:
+    """A stand-in for the request ``reply`` answers (same id, type and nodes): to build
+    another reply to it with ``Message(..., reply_to=request_of(reply))``."""
+    request = Message(RecordDict(), dst_node_id=reply.metadata.src_node_id,
+                      message_type=reply.metadata.message_type)
+    request.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id
+    request.metadata.__dict__["_src_node_id"] = reply.metadata.dst_node_id
+    return request
+
+
+class MultiReplyGrid(FakeGrid):
+    """A :class:`FakeGrid` on which a message can get several replies, as no SuperLink
+    would deliver them: ``extra(message, reply)`` returns the replies to deliver for
+    each pushed message (``reply`` is its node's own, ``None`` if it gave none), in
+    that order, all in the same pull (a strategy that waits for one reply per message
+    still sees them all). The helpers :func:`twice` and :func:`with_forgery` build
+    ``extra``.
+
+    Everything else is FakeGrid's: handlers, delays, ``pushed``, error replies for a
+    handler that raises.
+    """
+
+    def __init__(self, handlers: dict[int, Handler], extra: Extra,
+                 delays: dict[int, float] | None = None):
+        super().__init__(handlers, delays)
+        self.extra = extra
+        self._queues: dict[str, list[tuple[float, Message]]] = {}
+        self.delivered: list[Message] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for message, message_id in zip(messages, ids, strict=True):
+            ready = self._ready.pop(message_id, None)
+            replies = self.extra(message, None if ready is None else ready[1])
+            at = ready[0] if ready is not None else (
+                time.monotonic() + self.delays.get(message.metadata.dst_node_id, 0.0))
+            if replies:
+                self._queues[message_id] = [(at, r) for r in replies]
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        now, out = time.monotonic(), []
+        for message_id in list(message_ids):
+            queue = self._queues.get(message_id)
+            if queue and queue[0][0] <= now:
+                out.extend(r for _, r in self._queues.pop(message_id))
+        self.delivered.extend(out)
+        return out
+
+
+def twice(node: int, second: Handler, *, types: Callable[[str], bool],
+          second_first: bool = False) -> Extra:
+    """``extra`` for :class:`MultiReplyGrid`: ``node`` answers each message whose type
+    ``types`` accepts twice, with its own reply and ``second(message)``, in that order
+    or (``second_first``) the other way round. Other messages get their one reply.
+    """
+    def extra(message: Message, reply: Message | None) -> list[Message]:
+        replies = [] if reply is None else [reply]
+        if message.metadata.dst_node_id == node and types(message.metadata.message_type):
+            other = second(message)
+            if other is not None:
+                replies = [other, *replies] if second_first else [*replies, other]
+        return replies
+    return extra
+
+
+def with_forgery(victim: int, forger: int, make: Handler, *, fresh_id: bool = False,
+                 forgery_first: bool = True,
+                 types: Callable[[str], bool] = lambda _kind: True) -> Extra:
+    """``extra`` for :class:`MultiReplyGrid`: beside each reply of ``victim`` (to a
+    message whose type ``types`` accepts) comes ``make(message)`` claiming to be from
+    ``forger``, a node that was not sent that message: as a reply to the victim's
+    message, or (``fresh_id``) to a message id never issued. It comes first
+    (``forgery_first``) or after the victim's own reply.
+    """
+    def extra(message: Message, reply: Message | None) -> list[Message]:
+        replies = [] if reply is None else [reply]
+        if message.metadata.dst_node_id == victim and types(message.metadata.message_type):
+            made = make(message)
+            if made is not None:
+                fake = forged(made, forger, str(uuid.uuid4()) if fresh_id else None)
+                replies = [fake, *replies] if forgery_first else [*replies, fake]
+        return replies
+    return extra

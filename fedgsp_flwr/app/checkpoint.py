@@ -7,6 +7,12 @@ sketches, its random generators) and the global random generators (Python's, whi
 Flower's node sampling uses, numpy's and torch's). ``resume-from=<folder>`` starts a
 run from the last complete round of that folder and continues writing into it.
 
+The file's metadata holds its format version (:data:`CHECKPOINT_FORMAT`) and the
+SHA-256 of its arrays (:func:`arrays_checksum`); loading checks both, so a file cut
+short or altered after it was written fails with its path, the ``resume-from`` value
+and what to do. Checkpoints of fedgsp-flwr 0.5.0 and earlier (format 1: neither) still
+load.
+
 Node ids change from run to run (the simulation engine draws them; a restarted
 SuperNode gets a new one). A checkpoint therefore keeps each node's reported
 ``partition-id``; on resume the nodes are asked again (``query.partition``) and the
@@ -17,6 +23,7 @@ and restore their state through ``checkpoint_state`` and ``restore_state``
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import random
@@ -41,14 +48,19 @@ from ..strategies.state import (
     prefixed,
     under,
 )
+from .. import __version__
 from .results import write_atomic
 
 CHECKPOINT_FILE = "checkpoint.npz"
 META_KEY = "__meta__"
+CHECKPOINT_FORMAT = 2
+"""The format version :func:`save_checkpoint` writes: 2 adds the format version and
+the arrays' SHA-256 to format 1 (fedgsp-flwr 0.5.0 and earlier, which had neither)."""
 # Run-config keys a resumed run may change; every other key must match the checkpoint's.
+# node-wait-timeout is also missing from format-1 checkpoints' run configs.
 RESUMABLE_CHANGES = frozenset({
     "num-server-rounds", "results-dir", "run-name", "resume-from", "train-timeout",
-    "query-timeout", "relay-poll", "data-dir", "client-state-dir",
+    "query-timeout", "relay-poll", "data-dir", "client-state-dir", "node-wait-timeout",
 })
 
 
@@ -84,20 +96,40 @@ class Checkpoint:
     partitions: dict[int, int] = field(default_factory=dict)
 
 
+def arrays_checksum(arrays: Mapping[str, Any]) -> str:
+    """The SHA-256 (hex) of named arrays: each one's name, dtype, shape and bytes (C
+    order), in name order; the same for the arrays written and the arrays read back.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.asarray(arrays[name])
+        header = json.dumps([name, array.dtype.str, list(array.shape)]).encode()
+        digest.update(len(header).to_bytes(8, "little") + header)
+        digest.update(array.tobytes(order="C"))
+    return digest.hexdigest()
+
+
 def save_checkpoint(folder: str | Path, checkpoint: Checkpoint) -> Path:
-    """Write ``checkpoint.npz`` into ``folder`` atomically; return its path."""
+    """Write ``checkpoint.npz`` into ``folder`` atomically; return its path.
+
+    The metadata records the format version (:data:`CHECKPOINT_FORMAT`), the package
+    version and the SHA-256 of the arrays (:func:`arrays_checksum`).
+    """
     torch_state = checkpoint.rng.get("torch")
+    arrays = {**prefixed(checkpoint.model, "model"),
+              **prefixed(checkpoint.strategy.arrays, "strategy")}
+    if torch_state is not None:
+        arrays["rng/torch"] = np.asarray(torch_state, dtype=np.uint8)
     meta = {
+        "format-version": CHECKPOINT_FORMAT,
+        "written-by": f"fedgsp-flwr {__version__}",
+        "arrays-sha256": arrays_checksum(arrays),
         "round": checkpoint.round,
         "strategy": checkpoint.strategy.meta,
         "rng": {k: v for k, v in checkpoint.rng.items() if k != "torch"},
         "run-config": checkpoint.run_config,
         "partitions": pairs(checkpoint.partitions),
     }
-    arrays = {**prefixed(checkpoint.model, "model"),
-              **prefixed(checkpoint.strategy.arrays, "strategy")}
-    if torch_state is not None:
-        arrays["rng/torch"] = np.asarray(torch_state, dtype=np.uint8)
     arrays[META_KEY] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stub quirk
@@ -107,34 +139,82 @@ def save_checkpoint(folder: str | Path, checkpoint: Checkpoint) -> Path:
 
 
 def load_checkpoint(folder: str | Path) -> Checkpoint:
-    """Read ``checkpoint.npz`` of a results folder.
+    """Read ``checkpoint.npz`` of a results folder (``resume-from``).
+
+    Parameters
+    ----------
+    folder : str | Path
+        The results folder, as ``resume-from`` names it.
+
+    Returns
+    -------
+    Checkpoint
+        Its content, the arrays' checksum checked (format 2 on; format 1 has none).
 
     Raises
     ------
     CheckpointError
-        If the folder has no checkpoint, or it cannot be read.
+        If the folder has no checkpoint, the file is damaged (cut short, altered: not a
+        readable zip, a bad CRC, metadata missing or malformed, arrays whose SHA-256
+        differs from the stored one), or a newer fedgsp-flwr wrote it. The message names
+        the file, the ``resume-from`` value and what to do.
     """
     path = Path(folder).expanduser() / CHECKPOINT_FILE
     if not path.is_file():
         raise CheckpointError(
-            f"resume-from: {path} does not exist (a run writes it after its first round)")
+            f"resume-from={str(folder)!r}: {path} does not exist (a run writes it after "
+            "its first round): name the results folder of a run that completed a round, "
+            "or set resume-from='' to start a new run")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
         meta = json.loads(arrays.pop(META_KEY).tobytes().decode())
-    except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"resume-from: cannot read {path}: {err}") from err
-    rng = dict(meta["rng"])
-    if "rng/torch" in arrays:
-        rng["torch"] = arrays.pop("rng/torch")
-    return Checkpoint(
-        round=int(meta["round"]),
-        model=under(arrays, "model"),
-        strategy=StrategyState(meta["strategy"], under(arrays, "strategy")),
-        rng=rng,
-        run_config=meta["run-config"],
-        partitions=from_pairs(meta["partitions"]),
-    )
+        if not isinstance(meta, dict):
+            raise ValueError(f"its metadata is a JSON {type(meta).__name__}, not an object")
+    # Anything the zip, npy or JSON readers raise on a damaged file (BadZipFile, a bad
+    # CRC, EOFError, zlib.error, NotImplementedError for a garbled compression method,
+    # ValueError, KeyError for a missing member, MemoryError for a garbled shape ...).
+    except Exception as err:  # noqa: BLE001 - every one of them means a damaged file
+        raise CheckpointError(_damaged(folder, path, f"{type(err).__name__}: {err}")
+                              ) from err
+    version = meta.get("format-version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointError(_damaged(folder, path, f"format version {version!r}"))
+    if version > CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"resume-from={str(folder)!r}: {path} has checkpoint format {version} "
+            f"({meta.get('written-by', 'a newer fedgsp-flwr')}); fedgsp-flwr {__version__} "
+            f"reads formats 1 to {CHECKPOINT_FORMAT}: resume it with the version that "
+            "wrote it, or a newer one")
+    if version >= 2:
+        stored, found = meta.get("arrays-sha256"), arrays_checksum(arrays)
+        if stored != found:
+            raise CheckpointError(_damaged(
+                folder, path, f"the arrays' SHA-256 is {found}, the file records {stored}"))
+    try:
+        rng = dict(meta["rng"])
+        if "rng/torch" in arrays:
+            rng["torch"] = arrays.pop("rng/torch")
+        return Checkpoint(
+            round=int(meta["round"]),
+            model=under(arrays, "model"),
+            strategy=StrategyState(meta["strategy"], under(arrays, "strategy")),
+            rng=rng,
+            run_config=dict(meta["run-config"]),
+            partitions=from_pairs(meta["partitions"]),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(_damaged(
+            folder, path, f"malformed metadata: {type(err).__name__}: {err}")) from err
+
+
+def _damaged(folder: str | Path, path: Path, cause: str) -> str:
+    """The error message of a damaged checkpoint: the file, the cause, what to do."""
+    return (f"resume-from={str(folder)!r}: the checkpoint {path} is damaged ({cause}). "
+            "A run writes it whole (a temporary file, then a rename), so it was cut short "
+            "or altered afterwards (a full disk, an interrupted copy): copy it again from "
+            "where the run wrote it or from a backup, or set resume-from='' to start a new "
+            "run")
 
 
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,30 @@ def _closed_fraction(value: float) -> bool:
     return 0.0 <= value <= 1.0
 
 
+def run_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a run's results sub-folder (``None``: it can).
+
+    A run name is one folder inside ``results-dir``: not a path (no ``/`` or ``\\``),
+    not ``.`` or ``..``, not blank, no NUL character. ``''`` is allowed: it means the
+    automatic name.
+    """
+    if name == "":
+        return None
+    if "/" in name or "\\" in name:
+        return "it is a path (it holds '/' or '\\')"
+    if name in (".", ".."):
+        return f"'{name}' is not a folder of its own"
+    if not name.strip():
+        return "it is blank"
+    if "\0" in name:
+        return "it holds a NUL character"
+    return None
+
+
+def _is_run_name(value: str) -> bool:
+    return run_name_problem(value) is None
+
+
 def _is_dataset(value: str) -> bool:
     return value in LOCAL_DATASETS or "/" in value
 
@@ -69,14 +94,15 @@ def _is_cluster_source(value: str) -> bool:
 
 def _setting(
     default: Any, help: str, check: Callable[[Any], bool] | None = None, rule: str = "",
-    choices: tuple[str, ...] | None = None,
+    choices: tuple[str, ...] | None = None, fix: str = "",
 ) -> Any:
     """Declare one run-config field with its default, help text and range check (or
-    its choices).
+    its choices); ``fix`` ends the error message of a value the check refuses.
     """
     if choices is not None:
         check, rule = (lambda v: v in choices), "one of " + ", ".join(choices)
-    return field(default=default, metadata={"help": help, "check": check, "rule": rule})
+    return field(default=default,
+                 metadata={"help": help, "check": check, "rule": rule, "fix": fix})
 
 
 @dataclass(frozen=True)
@@ -138,6 +164,10 @@ class RunConfig:
     min_available_nodes: int = _setting(
         2, "nodes to wait for before sampling", _positive, "> 0"
     )
+    node_wait_timeout: float = _setting(
+        600.0, "seconds to wait for min-available-nodes connected nodes, at the start and "
+        "whenever a round samples, before the run fails naming the count (deployment; a "
+        "simulation with fewer nodes fails at once)", _positive, "> 0")
     # Sent to the clients in every training message's config (the one route).
     local_epochs: int = _setting(TrainSettings.local_epochs, "local epochs per training "
                                  "message", _positive, "> 0")
@@ -339,7 +369,11 @@ class RunConfig:
     results_dir: str = _setting(
         "results", "folder that receives one sub-folder of results per run"
     )
-    run_name: str = _setting("", "results sub-folder name ('' = <strategy>-<time>)")
+    run_name: str = _setting(
+        "", "results sub-folder name ('' = <strategy>-<time>)", _is_run_name,
+        "a single folder name inside results-dir ('' = automatic; no '/' or '\\', not "
+        "'.', '..' or blank)", fix="put the parent folders in results-dir and the last "
+        "one in run-name")
     resume_from: str = _setting(
         "", "results folder of an interrupted run: continue it from its last complete "
         "round ('' = a new run)")
@@ -419,8 +453,15 @@ def _coerce(key: str, value: Any, fld: dataclasses.Field[Any]) -> Any:
             f"got {value!r} ({type(value).__name__})"
         )
     check = fld.metadata.get("check")
+    if isinstance(value, float) and not math.isfinite(value):
+        rule = fld.metadata["rule"]
+        raise ConfigError(
+            f"Run-config key '{key}' must be a finite number{f' {rule}' if rule else ''}, "
+            f"got {value!r}: give a number such as {fld.default!r} (its default)")
     if check is not None and not check(value):
+        fix = fld.metadata.get("fix")
         raise ConfigError(
             f"Run-config key '{key}' must be {fld.metadata['rule']}, got {value!r}"
+            + (f"; {fix}" if fix else "")
         )
     return value

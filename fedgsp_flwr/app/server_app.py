@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from logging import ERROR, INFO
@@ -17,13 +18,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from ..core.cost import CostModel, round_cost
+from ..grids import NodeWaitGrid, NodeWaitTimeoutError
 from ..models import (
     build_model, centre_seed, parameter_count, resolve_model_name, training_flops,
 )
 from ..strategies import FedAvg
 from ..strategies.nodes import query_partitions
 from ..strategies.state import record_arrays, to_record
-from ..threads import server_work
+from ..threads import is_simulation, server_work
 from .checkpoint import (
     RESUMABLE_CHANGES,
     Checkpoint,
@@ -36,7 +38,7 @@ from .checkpoint import (
     restore_global_rngs,
     save_checkpoint,
 )
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, run_name_problem
 from .datasets import bundle_for, load_partitions, load_server_test_set
 from .registry import RunContext, build_strategy
 from .results import RunRecorder, read_metrics
@@ -60,16 +62,107 @@ def main(grid: Grid, context: Context) -> None:
         raise
 
 
-def wait_for_nodes(grid: Grid, minimum: int, poll_seconds: float = 1.0) -> int:
-    """Block until ``minimum`` nodes are connected; return how many are."""
+def wait_for_nodes(
+    grid: Grid, minimum: int, timeout: float = RunConfig.node_wait_timeout, *,
+    simulation: bool | None = None, poll_seconds: float = 1.0, settle_seconds: float = 3.0,
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Block until ``minimum`` nodes are connected; return how many are.
+
+    In Flower's simulation engine every simulated node is registered at the start, one
+    after another within milliseconds, and none joins later: once the count has been
+    the same (and above 0) for ``settle_seconds``, a count below ``minimum`` fails at
+    once. In deployment nodes connect when they start: the wait ends after ``timeout``
+    seconds (``node-wait-timeout``), as it does in simulation when no node shows up.
+
+    Parameters
+    ----------
+    grid : Grid
+        The run's grid.
+    minimum : int
+        Nodes to wait for (``min-available-nodes``).
+    timeout : float
+        Seconds to wait at most (``node-wait-timeout``).
+    simulation : bool | None
+        Whether ``grid`` is the simulation engine's (``None``: found out from it).
+    poll_seconds : float
+        Seconds between two looks in deployment (a tenth of a second in simulation).
+    settle_seconds : float
+        Simulation: seconds an unchanged count takes to be final.
+    clock, sleep : Callable
+        Monotonic time and sleeping (tests pass fakes).
+
+    Returns
+    -------
+    int
+        The connected nodes, ``minimum`` or more.
+
+    Raises
+    ------
+    ConfigError
+        In simulation, if ``min-available-nodes`` is more than the simulated nodes
+        (``num-supernodes``); both numbers are named.
+    NodeWaitTimeoutError
+        If fewer than ``minimum`` nodes are connected after ``timeout`` seconds.
+    """
+    simulation = is_simulation(grid) if simulation is None else simulation
+    poll = min(poll_seconds, 0.1) if simulation else poll_seconds
+    started = clock()
+    last_count, count_since, logged = -1, started, float("-inf")
     while (count := len(list(grid.get_node_ids()))) < minimum:
-        log(INFO, "Waiting for nodes: %d connected, %d needed", count, minimum)
-        time.sleep(poll_seconds)
+        now = clock()
+        if count != last_count:
+            last_count, count_since = count, now
+        if simulation and count > 0 and now - count_since >= settle_seconds:
+            raise ConfigError(
+                f"min-available-nodes={minimum} is more than the {count} nodes of this "
+                f"simulation (num-supernodes={count}): set min-available-nodes to at most "
+                f"{count}, or run {minimum} nodes (flwr run ... --federation-config "
+                f"\"num-supernodes={minimum}\")")
+        if now - started >= timeout:
+            raise NodeWaitTimeoutError(
+                f"{count} node(s) connected after node-wait-timeout={timeout:g} s, "
+                f"min-available-nodes={minimum} needed: start the missing SuperNodes, "
+                "lower min-available-nodes or raise node-wait-timeout",
+                count, minimum, now - started)
+        if now == count_since or now - logged >= 10.0:
+            log(INFO, "Waiting for nodes: %d connected, %d needed (at most %g s)", count,
+                minimum, timeout)
+            logged = now
+        sleep(poll)
     return count
 
 
+def bounded_node_waits(grid: Grid, cfg: RunConfig) -> Grid:
+    """``grid``, with every later wait for ``min-available-nodes`` (the strategies'
+    node sampling in each round) bounded by ``node-wait-timeout`` in deployment.
+
+    The simulation's grid is returned as it is: its nodes never leave, and the
+    strategies recognise it by its type (thread hints).
+    """
+    if is_simulation(grid):
+        return grid
+    return NodeWaitGrid(
+        grid, cfg.min_available_nodes, cfg.node_wait_timeout,
+        hint=f"min-available-nodes={cfg.min_available_nodes}, node-wait-timeout="
+        f"{cfg.node_wait_timeout:g}: restart the lost SuperNodes, lower "
+        "min-available-nodes or raise node-wait-timeout (resume-from continues the run "
+        "from its last checkpoint)")
+
+
 def results_folder(cfg: RunConfig) -> Path:
-    """The run's results folder: ``<results-dir>/<run-name>``."""
+    """The run's results folder: ``<results-dir>/<run-name>``.
+
+    Raises
+    ------
+    ConfigError
+        If ``run-name`` is not a single folder name (a config built without
+        :meth:`RunConfig.from_mapping`'s checks).
+    """
+    if (problem := run_name_problem(cfg.run_name)) is not None:
+        raise ConfigError(f"Run-config key 'run-name' must be a single folder name inside "
+                          f"results-dir, got {cfg.run_name!r} ({problem}); put the parent "
+                          "folders in results-dir")
     name = cfg.run_name or "-".join(
         [cfg.strategy, cfg.dataset.replace("/", "_"), cfg.partition,
          datetime.now(UTC).strftime("%Y%m%d-%H%M%S")]
@@ -326,7 +419,8 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     """
     checkpoint = resumable_checkpoint(cfg) if cfg.resume_from else None
     seed_everything(cfg.seed)
-    num_nodes = wait_for_nodes(grid, cfg.min_available_nodes)
+    num_nodes = wait_for_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
+    grid = bounded_node_waits(grid, cfg)
     bundle = bundle_for(cfg, num_nodes)
     # Partitioning here validates the scheme against the dataset before any round, and
     # fills the on-disk partition cache that the nodes of this machine then read.
@@ -342,6 +436,10 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
             model_name, bundle.input_shape, bundle.num_classes,
             centre_seed(cfg.seed, k)).state_dict()),
     ))
+    # Histograms (and, in simulation, whose partition ids are 0 .. num-supernodes - 1,
+    # partition ids) are checked against the data, not against the first reply.
+    strategy.expect_federation(num_classes=bundle.num_classes,
+                               num_partitions=num_nodes if is_simulation(grid) else None)
     metadata = run_metadata(cfg, num_nodes, model_name)
     if checkpoint is None:
         folder, done, previous = results_folder(cfg), 0, []

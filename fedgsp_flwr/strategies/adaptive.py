@@ -38,6 +38,7 @@ from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
 from ..core.arrays import as_dtype
+from .decoding import values
 from .fedavg import FedAvg, check_parameters, run_checks
 from .progress import TrainingProgress
 from .state import NodeMap, StrategyState
@@ -89,7 +90,7 @@ class _Validated:
             average = self.progress.last_trained  # our FedAvg's, recorded in this call
             arrays = ArrayRecord({
                 k: average[k] if sent[k].dtype.kind in "iub" and average is not None
-                else Array(as_dtype(a.numpy(), sent[k].dtype)) for k, a in arrays.items()})
+                else Array(as_dtype(values(a), sent[k].dtype)) for k, a in arrays.items()})
             self.progress.last_trained = arrays  # the step's result, not the average
         return arrays, metrics
 

@@ -23,12 +23,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from ..core.arrays import as_dtype
 from ..threads import ThreadHintGrid, is_simulation, server_work
+from .decoding import values as array_values
 from .metrics import aggregate_metrics, reply_metrics
-from .nodes import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
+from .nodes import SAMPLING_FALLBACK, Exchange, NodeRegistry, PartitionOrderGrid
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .state import NodeMap, StrategyState
@@ -76,10 +76,29 @@ def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> 
     w /= w.sum()
     averaged = {}
     for key in records[0].keys():
-        values = [r[key].numpy() for r in records]
+        values = [array_values(r[key]) for r in records]
         mean = sum(wi * v for wi, v in zip(w, values, strict=True))
         averaged[key] = Array(as_dtype(mean, values[0].dtype))
     return ArrayRecord(averaged)
+
+
+def weighted_mean(contents: Sequence[RecordDict], weighted_by_key: str
+                  ) -> dict[str, np.ndarray]:
+    """Flower's ``aggregate_arrayrecords`` (the same sums in the same order, so the same
+    bits) over the values the reply checks decoded, each model decoded once.
+    """
+    weights = [float(next(iter(c.metric_records.values()))[weighted_by_key])  # type: ignore[arg-type]
+               for c in contents]
+    total = sum(weights)
+    mean: dict[str, np.ndarray] = {}
+    for content, weight in zip(contents, (w / total for w in weights), strict=True):
+        for record in content.array_records.values():
+            for key, array in record.items():
+                if key not in mean:
+                    mean[key] = array_values(array) * weight
+                else:
+                    mean[key] += array_values(array) * weight
+    return {k: np.asarray(v) for k, v in mean.items()}
 
 
 def array_bytes(messages: Iterable[Message]) -> int:
@@ -176,6 +195,7 @@ class FedAvg(FlowerFedAvg):
         self._sent_arrays: ArrayRecord | None = None
         self._sent_count = 0
         self._sent_at: dict[str, float] = {}
+        self._messages_of: dict[str, list[Message]] = {}
 
     def start(  # type: ignore[override]  # same parameters, plus any Flower adds
         self,
@@ -241,9 +261,34 @@ class FedAvg(FlowerFedAvg):
         """Set this project's run parameters (checked by :func:`run_checks`) and what
         depends on them: the node registry and the training progress."""
         self.server_threads, self.query_timeout = server_threads, query_timeout
+        limits = getattr(self, "known", None)
         self.known = self.registry()
+        if limits is not None:  # keep what expect_federation said
+            self.known.num_classes = limits.num_classes
+            self.known.num_partitions = limits.num_partitions
         self.progress = TrainingProgress(type(self).__name__, max_untrained_rounds,
                                          self.weighted_by_key)
+
+    def expect_federation(self, *, num_classes: int | None = None,
+                          num_partitions: int | None = None) -> None:
+        """Tell the strategy what the caller knows of the federation, so that the nodes'
+        answers are checked against it rather than against each other.
+
+        Parameters
+        ----------
+        num_classes : int | None
+            The length of every class histogram (FedGSP, HierFL, Semi-FL). Without it,
+            the length most nodes send.
+        num_partitions : int | None
+            The number of partitions: a node's ``partition-id`` must be below it.
+            Without it, ids are checked to be >= 0 and held by one node each.
+        """
+        check_parameters(type(self).__name__, [
+            (num_classes is None or (type(num_classes) is int and num_classes >= 1),
+             f"num_classes must be None or an integer >= 1, got {num_classes!r}"),
+            (num_partitions is None or (type(num_partitions) is int and num_partitions >= 1),
+             f"num_partitions must be None or an integer >= 1, got {num_partitions!r}")])
+        self.known.num_classes, self.known.num_partitions = num_classes, num_partitions
 
     def registry(self) -> NodeRegistry:
         """A new registry of what the nodes say about themselves (:attr:`known`): here
@@ -316,13 +361,14 @@ class FedAvg(FlowerFedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the sound training replies only."""
         self._stop_clock(server_round, "train")
-        replies = list(replies)
+        replies = self._screen("train", replies)
         sound, rejected = filter_replies(
             replies,
             reference=self._sent_arrays,
             weighted_by_key=self.weighted_by_key,
             require_arrays=True,
             stage="aggregate_train",
+            partition_ids=self.known.partition_ids,
         )
         # Float sums depend on their order and replies arrive in any order: sort them
         # by content so that a seed gives the same model bit for bit.
@@ -347,11 +393,9 @@ class FedAvg(FlowerFedAvg):
         float64: sent on as such, every later int64 reply would misfit the model.
         """
         dtypes = {k: a.dtype for k, a in next(iter(contents[0].array_records.values())).items()}
-        mean = aggregate_arrayrecords(contents, self.weighted_by_key)
-        # re-encode only the arrays whose dtype changed (a model's worth of bytes a round)
-        return ArrayRecord({k: a if a.dtype == dtypes[k] else Array(as_dtype(a.numpy(),
-                                                                            dtypes[k]))
-                            for k, a in mean.items()})
+        mean = weighted_mean(contents, self.weighted_by_key)
+        return ArrayRecord({k: Array(v if str(v.dtype) == dtypes[k] else as_dtype(v, dtypes[k]))
+                            for k, v in mean.items()})
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -359,11 +403,12 @@ class FedAvg(FlowerFedAvg):
         """Aggregate the sound evaluation replies only."""
         self._stop_clock(server_round, "evaluate")
         sound, rejected = filter_replies(
-            replies,
+            self._screen("evaluate", replies),
             reference=None,
             weighted_by_key=self.weighted_by_key,
             require_arrays=False,
             stage="aggregate_evaluate",
+            partition_ids=self.known.partition_ids,
         )
         sound.sort(key=lambda m: sorted(reply_metrics(m.content).items()))
         metrics = (self.evaluate_metrics_aggr_fn([m.content for m in sound],
@@ -382,8 +427,21 @@ class FedAvg(FlowerFedAvg):
         # stopped by a later round's replies.
         if messages:
             self._sent_at[stage] = time.monotonic()
+            self._messages_of[stage] = messages  # the grid gives them their ids as it pushes
         else:
             self._sent_at.pop(stage, None)
+            self._messages_of.pop(stage, None)
+
+    def _screen(self, stage: str, replies: Iterable[Message]) -> list[Message]:
+        """The replies that answer this stage's messages, each from the node asked and
+        once (see :class:`~fedgsp_flwr.strategies.nodes.Exchange`); without the
+        messages (a caller that drives the aggregation itself), duplicates only are
+        refused.
+        """
+        exchange = Exchange(self._messages_of.pop(stage, None), f"aggregate_{stage}")
+        for reply in replies:
+            exchange.take(reply)
+        return [r for r in exchange.result() if r is not None]
 
     def _stop_clock(self, server_round: int, stage: str) -> None:
         if (sent_at := self._sent_at.pop(stage, None)) is not None:

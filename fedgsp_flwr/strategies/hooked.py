@@ -19,6 +19,7 @@ from flwr.serverapp import Grid
 from .fedavg import FedAvg, ServerSideRound, array_bytes
 from .nodes import HookSupport, collect_reply_list, missing_handler
 from .replies import error_text
+from .state import NodeMap, StrategyState, from_pairs, pairs
 
 
 def retyped(message: Message, message_type: str) -> Message:
@@ -77,6 +78,22 @@ class HookedTrain(ServerSideRound):
         self.plain: dict[int, str] = {}
         self._plain_eval: set[int] = set()  # nodes without the evaluate_type handler alone
         self._eval_result: MetricRecord | None = None
+
+    # --- checkpoint -------------------------------------------------------------------
+
+    def checkpoint_state(self) -> StrategyState:
+        """What is known of the nodes' handlers (the types, the nodes without them)."""
+        state = super().checkpoint_state()
+        state.meta.update({"hooks": self.hooks.state(), "plain": pairs(self.plain),
+                           "plain-eval": sorted(self._plain_eval)})
+        return state
+
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state`."""
+        super().restore_state(state, node_map)
+        self.hooks.restore(state.meta.get("hooks", {}))
+        self.plain = from_pairs(state.meta.get("plain", []), node_map)
+        self._plain_eval = {node_map(n) for n in state.meta.get("plain-eval", [])}
 
     # --- messages ---------------------------------------------------------------------
 
@@ -177,6 +194,7 @@ class HookedTrain(ServerSideRound):
         for message, reply in zip(sent, replies, strict=True):
             if reply is not None and message.metadata.message_type == "train":
                 self.complete_reply(message, reply)
+        self._messages_of["train"] = sent  # the messages these replies answer
         arrays_out, metrics = FedAvg.aggregate_train(
             self, server_round, [r for r in replies if r is not None])
         counts = {
@@ -220,6 +238,7 @@ class HookedTrain(ServerSideRound):
         for message, reply in zip(sent, replies, strict=True):
             if message.metadata.message_type == "evaluate" and reply is not None:
                 self.complete_eval_reply(reply)
+        self._messages_of["evaluate"] = sent
         metrics = FedAvg.aggregate_evaluate(self, server_round,
                                             [r for r in replies if r is not None])
         counts = self.eval_counts()

@@ -13,6 +13,7 @@ from flwr.common.logger import log
 
 from ..core.arrays import as_dtype
 from ..core.ida import inverse_distance_weights
+from .decoding import values as array_values
 from .fedavg import FedAvg, check_parameters
 from .metrics import reply_metrics
 
@@ -56,7 +57,7 @@ class IDA(FedAvg):
         """The models' mean with IDA's weights (float64 sums, each array's dtype kept)."""
         records = [next(iter(c.array_records.values())) for c in contents]
         keys = list(records[0].keys())
-        models = [[r[k].numpy() for k in keys] for r in records]
+        models = [[array_values(r[k]) for k in keys] for r in records]
         examples = None
         if self.weighting == "inverse-distance-examples":
             examples = [float(reply_metrics(c)[self.weighted_by_key]) for c in contents]

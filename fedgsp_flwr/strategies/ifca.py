@@ -224,6 +224,7 @@ class IFCA(ServerSideRound):
             "ifca-eval-rng": generator_state(self.eval_rng),
             "choice": pairs(self.choice), "plain": pairs(self.plain),
             "warmup-groups": pairs(self.warmup_group), "rounds-run": self.rounds_run,
+            "hooks": self.hooks.state(),
             "models": len(self.models),
             "model-keys": list(self.models[0].keys()) if self.models else [],
         })
@@ -241,6 +242,7 @@ class IFCA(ServerSideRound):
         self.plain = from_pairs(meta["plain"], node_map)
         self.warmup_group = from_pairs(meta["warmup-groups"], node_map)
         self.rounds_run = int(meta["rounds-run"])
+        self.hooks.restore(meta.get("hooks", {}))
         keys = list(meta["model-keys"])
         self.models = []
         for index in range(int(meta["models"])):

@@ -4,10 +4,11 @@ stated edges and clusters) through the Grid, and remembering the answers."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Error, Message, RecordDict
@@ -18,6 +19,8 @@ from flwr.serverapp import Grid
 from ..core.hooks import UNSUPPORTED_HOOK_TEXT
 from ..core.sampling import partition_order
 from ..grids import GridView
+from .decoding import ArrayRefused, decode_array
+from .decoding import values as array_values
 from .replies import error_text
 from .state import NodeMap, StrategyState, from_pairs, pairs, stack_rows
 
@@ -41,6 +44,85 @@ ADD_HOOKS = ("from fedgsp_flwr.clients import ClientHooks, register_hooks\n"
              "build_model=<your model>))")
 
 
+class Exchange:
+    """The replies of one exchange, matched to the messages sent.
+
+    A reply counts only as the answer of the node its message went to: one that answers
+    no message of this exchange, or comes from another node than the one asked (a
+    forged reply), is ignored with a WARNING naming its node. A node that answers one
+    message twice has both answers refused, whatever their order: its answer becomes
+    one error reply saying so (logged once, where error replies are).
+
+    Parameters
+    ----------
+    messages : Sequence[Message] | None
+        The messages sent, with the ids the grid gave them; ``None``: not known (a
+        caller that drives the aggregation itself), then only duplicates, by node, are
+        refused: both replies are dropped, logged once.
+    stage : str
+        Name used in log lines.
+    pushed : Iterable[str] | None
+        The ids of the messages the grid took (default: every message with an id).
+    """
+
+    def __init__(self, messages: Sequence[Message] | None, stage: str,
+                 pushed: Iterable[str] | None = None) -> None:
+        self.messages, self.stage = messages, stage
+        taken = None if pushed is None else set(pushed)
+        self.position = None if messages is None else {
+            m.metadata.message_id: i for i, m in enumerate(messages)
+            if m.metadata.message_id and (taken is None or m.metadata.message_id in taken)}
+        self.replies: list[Message | None] = [None] * (len(messages or ()))
+        self.answered: dict[object, int] = {}
+        self.loose: list[Message] = []  # replies kept when the messages are not known
+        self.twice: set[int] = set()
+
+    def take(self, reply: Message) -> None:
+        """Count ``reply`` (or ignore it, see the class doc)."""
+        src = reply.metadata.src_node_id
+        if self.position is None or self.messages is None:
+            if src in self.answered:
+                self.twice.add(self.answered[src])
+            else:
+                self.answered[src] = len(self.loose)
+                self.loose.append(reply)
+            return
+        key = reply.metadata.reply_to_message_id
+        i = self.position.get(key)
+        if i is None:
+            log(WARNING, "%s: ignored a reply from node %d to no message of this exchange",
+                self.stage, src)
+        elif src != (dst := self.messages[i].metadata.dst_node_id):
+            log(WARNING, "%s: ignored a reply from node %d to the message sent to node %d",
+                self.stage, src, dst)
+        elif key in self.answered:
+            self.twice.add(i)
+        else:
+            self.answered[key] = i
+            self.replies[i] = reply
+
+    def pending(self) -> list[str]:
+        """Ids of the messages not answered yet."""
+        return [k for k in (self.position or {}) if k not in self.answered]
+
+    def result(self) -> list[Message | None]:
+        """The answer to each message in order (``None``: none); without known
+        messages, the replies in their order. A node that answered twice gets one error
+        reply instead.
+        """
+        if self.messages is None:
+            for i in sorted(self.twice):
+                log(WARNING, "%s: refused both replies of node %d: it replied twice",
+                    self.stage, self.loose[i].metadata.src_node_id)
+            return [r for i, r in enumerate(self.loose) if i not in self.twice]
+        out = list(self.replies)
+        for i in self.twice:
+            out[i] = Message(Error(code=ErrorCode.UNKNOWN, reason=(
+                f"node {self.messages[i].metadata.dst_node_id} replied twice to one "
+                "message; both replies are refused")), reply_to=self.messages[i])
+        return out
+
+
 def collect_reply_list(
     grid: Grid,
     messages: Sequence[Message],
@@ -62,18 +144,16 @@ def collect_reply_list(
     pushed = set(grid.push_messages(list(messages)))
     deadline = time.monotonic() + timeout
     # Grids set each message's id as they push it; one they refused has none in `pushed`.
-    position = {m.metadata.message_id: i for i, m in enumerate(messages)
-                if m.metadata.message_id in pushed}
-    replies: list[Message | None] = [None] * len(messages)
-    while position and time.monotonic() < deadline:
-        batch = list(grid.pull_messages(list(position)))
+    exchange = Exchange(messages, messages[0].metadata.message_type if messages else "",
+                        pushed)
+    while (waiting := exchange.pending()) and time.monotonic() < deadline:
+        batch = list(grid.pull_messages(waiting))
         for reply in batch:
-            i = position.pop(reply.metadata.reply_to_message_id, None)
-            if i is not None:
-                replies[i] = reply
-        if not batch and position:
+            exchange.take(reply)
+        if not batch:
             time.sleep(poll_interval)
-    return replies
+    return exchange.result()
+
 
 
 def missing_handler(reply: Message | None) -> bool:
@@ -111,6 +191,27 @@ class HookSupport:
         self.owner, self.fallbacks, self.level = owner, dict(fallbacks), level
         self.present: set[str] = set(BASIC_TYPES)
         self.missing: dict[str, Message] = {}  # message type -> the ClientApp's error
+
+    def state(self) -> dict[str, Any]:
+        """What the run learnt of the ClientApp's handlers, JSON-able, for checkpoints.
+
+        A resumed run that learnt it anew would probe a type again with one message
+        alone: in simulation that node, and the others after it, would then train
+        with other thread counts than in the uninterrupted run
+        (:class:`~fedgsp_flwr.threads.ThreadHintGrid`), and their results differ in
+        the last bits.
+        """
+        return {"present": sorted(self.present),
+                "missing": {kind: [reply.error.code, reply.error.reason]
+                            for kind, reply in self.missing.items()}}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back :meth:`state` (an older checkpoint's, without it: probe again)."""
+        self.present.update(state.get("present", ()))
+        for kind, (code, reason) in state.get("missing", {}).items():
+            asked = Message(RecordDict(), dst_node_id=0, message_type=kind)
+            self.missing[kind] = Message(Error(code=int(code), reason=reason),
+                                         reply_to=asked)
 
     def has(self, message_type: str) -> bool:
         """Whether the type is not known to be missing."""
@@ -207,20 +308,101 @@ def unreachable(reply: Message | None) -> bool:
 
 
 def vector_problem(reply: Message, key: str, size: int | None) -> str | None:
-    """Why a reply does not carry one finite vector ``key`` (of ``size``), or ``None``."""
+    """Why a reply does not carry one finite numeric vector ``key`` (of ``size``), or
+    ``None``. The vector is decoded and checked once
+    (:func:`~fedgsp_flwr.strategies.decoding.decode_array`); :func:`reply_vector` then
+    gives its values.
+    """
     if reply.has_error():
         return f"error reply: {error_text(reply.error.reason)}"
-    try:
-        vector = reply.content.array_records[key][key].numpy()
-    except KeyError:
+    record = reply.content.array_records.get(key)
+    if record is None or key not in record:
         return f"no ArrayRecord '{key}' with an array '{key}'"
-    if vector.ndim != 1 or len(vector) == 0:
-        return f"{key} must be a non-empty vector, got shape {vector.shape}"
-    if size is not None and len(vector) != size:
-        return f"{key} has {len(vector)} entries, expected {size}"
-    if vector.dtype.kind not in "iuf" or not np.isfinite(vector.astype(np.float64)).all():
-        return f"{key} has NaN, inf or non-numeric values"
+    array = record[key]
+    if len(array.shape) != 1 or not array.shape[0]:
+        return f"{key} must be a non-empty vector, got shape {tuple(array.shape)}"
+    if size is not None and array.shape[0] != size:
+        return f"{key} has {array.shape[0]} entries, expected {size}"
+    try:
+        decode_array(array, name=key, kinds="iuf")
+    except ArrayRefused as refused:
+        return str(refused)
     return None
+
+
+def reply_vector(reply: Message, key: str) -> np.ndarray:
+    """The vector ``key`` of a reply :func:`vector_problem` passed (its decoded values)."""
+    return array_values(reply.content.array_records[key][key])
+
+
+def agreed_length(vectors: Iterable[np.ndarray]) -> int | None:
+    """The length most vectors have, ``None`` for no vectors: the expected length when
+    the server has none of its own, so that one node cannot set it for the others.
+    Ties go to the length met first (the vectors come in partition order).
+    """
+    counts = Counter(len(v) for v in vectors).most_common(1)
+    return counts[0][0] if counts else None
+
+
+def agreed_vectors(sound: Mapping[int, Message], key: str, size: int | None,
+                   held: Mapping[int, int], num_partitions: int | None,
+                   ) -> tuple[dict[int, np.ndarray], dict[int, int], dict[int, str]]:
+    """The vectors ``key`` of replies :func:`vector_problem` passed, kept where they have
+    the expected length (``size``, else :func:`agreed_length`) and their partition claim
+    stands (:func:`partition_problems`).
+
+    Returns
+    -------
+    tuple[dict[int, np.ndarray], dict[int, int], dict[int, str]]
+        The kept vectors and the partition ids their nodes claimed, by node, and why
+        each other node's reply is refused.
+    """
+    vectors = {node: reply_vector(reply, key) for node, reply in sound.items()}
+    size = size or agreed_length(vectors.values())
+    claims = {n: p for n, r in sound.items() if (p := reported_partition(r)) is not None}
+    refused = partition_problems(claims, held, num_partitions)
+    for node, vector in vectors.items():
+        if len(vector) != size:
+            refused[node] = (f"{key} has {len(vector)} entries, expected {size} (the "
+                             "length most nodes sent)")
+    kept = {n: v for n, v in vectors.items() if n not in refused}
+    return kept, {n: p for n, p in claims.items() if n in kept}, refused
+
+
+def partition_problems(claims: Mapping[int, int], held: Mapping[int, int],
+                       num_partitions: int | None) -> dict[int, str]:
+    """Why each refused ``partition-id`` claim is refused, by node.
+
+    Parameters
+    ----------
+    claims : Mapping[int, int]
+        The partition id each new node reports, by node id.
+    held : Mapping[int, int]
+        The partitions known nodes hold, by partition id (node ids as values).
+    num_partitions : int | None
+        The federation's partition count, when known: ids must be below it.
+
+    Returns
+    -------
+    dict[int, str]
+        A negative or out-of-range id, one another node holds (the holder keeps it), or
+        one that several new nodes claim (all of them refused: none is believed).
+    """
+    problems: dict[int, str] = {}
+    by_partition: dict[int, list[int]] = {}
+    for node, partition in claims.items():
+        if partition < 0 or (num_partitions is not None and partition >= num_partitions):
+            bound = "" if num_partitions is None else f" below {num_partitions}"
+            problems[node] = f"partition-id {partition} is not an id >= 0{bound}"
+        elif (holder := held.get(partition, node)) != node:
+            problems[node] = f"partition-id {partition} is held by node {holder}"
+        else:
+            by_partition.setdefault(partition, []).append(node)
+    for partition, nodes in by_partition.items():
+        for node in nodes if len(nodes) > 1 else ():
+            others = ", ".join(f"node {n}" for n in sorted(nodes) if n != node)
+            problems[node] = f"partition-id {partition} is claimed by {others} as well"
+    return problems
 
 
 def reported_partition(reply: Message) -> int | None:
@@ -233,10 +415,11 @@ def reported_partition(reply: Message) -> int | None:
 
 
 def histogram_problem(reply: Message, num_classes: int | None) -> str | None:
-    """Why a ``query.histogram`` reply is unusable, or ``None``."""
+    """Why a ``query.histogram`` reply is unusable, or ``None`` (``num_classes=None``
+    checks all but the length)."""
     if (problem := vector_problem(reply, "histogram", num_classes)) is not None:
         return problem
-    values = reply.content.array_records["histogram"]["histogram"].numpy().astype(np.float64)
+    values = reply_vector(reply, "histogram").astype(np.float64)
     if (values < 0).any():
         return "histogram has negative counts"
     if not np.array_equal(values, np.round(values)):
@@ -280,6 +463,8 @@ def query_histograms(
     timeout: float,
     num_classes: int | None = None,
     hooks: HookSupport | None = None,
+    held: Mapping[int, int] | None = None,
+    num_partitions: int | None = None,
 ) -> HistogramReplies:
     """Ask nodes for their class histograms with ``query.histogram``.
 
@@ -292,10 +477,15 @@ def query_histograms(
     timeout : float
         Seconds to wait for all replies.
     num_classes : int | None
-        Expected histogram length (the first valid reply's if ``None``).
+        Expected histogram length (``None``: the length most sound replies have).
     hooks : HookSupport | None
         Sends the queries (one probe first, see :class:`HookSupport`); ``None`` asks
         every node at once.
+    held : Mapping[int, int] | None
+        Partitions that known nodes hold (partition id -> node id): a new node that
+        claims one is refused (see :func:`partition_problems`).
+    num_partitions : int | None
+        The federation's partition count, when known.
 
     Returns
     -------
@@ -303,24 +493,25 @@ def query_histograms(
         Histograms, reasons for the nodes without one, reported partition ids.
     """
     out = HistogramReplies()
+    sound: dict[int, Message] = {}
     for node, reply in _ask(grid, node_ids, "query.histogram", timeout, hooks, out):
-        problem = histogram_problem(reply, num_classes)
-        if problem is None:
-            hist = reply.content.array_records["histogram"]["histogram"].numpy()
-            out.histograms[node] = hist.astype(np.int64)
-            num_classes = len(hist)
-            if (partition := reported_partition(reply)) is not None:
-                out.partition_ids[node] = partition
-            metrics = reply.content.metric_records.get("metrics")
-            edges = None if metrics is None else metrics.get("edges")
-            if isinstance(edges, list) and edges and all(
-                    isinstance(e, int) and e >= 0 for e in edges):
-                out.edges[node] = [int(e) for e in edges]
-            cluster = None if metrics is None else metrics.get("cluster-id")
-            if isinstance(cluster, int) and cluster >= 0:
-                out.cluster_ids[node] = cluster
+        if (problem := histogram_problem(reply, num_classes)) is None:
+            sound[node] = reply
         else:
             out.failed[node] = problem
+    kept, out.partition_ids, refused = agreed_vectors(sound, "histogram", num_classes,
+                                                      held or {}, num_partitions)
+    out.failed.update(refused)
+    for node, hist in kept.items():
+        out.histograms[node] = hist.astype(np.int64)
+        metrics = sound[node].content.metric_records.get("metrics")
+        edges = None if metrics is None else metrics.get("edges")
+        if isinstance(edges, list) and edges and all(
+                isinstance(e, int) and e >= 0 for e in edges):
+            out.edges[node] = [int(e) for e in edges]
+        cluster = None if metrics is None else metrics.get("cluster-id")
+        if isinstance(cluster, int) and cluster >= 0:
+            out.cluster_ids[node] = cluster
     for node, reason in out.failed.items():
         if MISSING_HANDLER_TEXT not in reason or hooks is None:  # HookSupport warned
             log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
@@ -328,19 +519,30 @@ def query_histograms(
 
 
 def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
-                     hooks: HookSupport | None = None) -> HistogramReplies:
+                     hooks: HookSupport | None = None, held: Mapping[int, int] | None = None,
+                     num_partitions: int | None = None) -> HistogramReplies:
     """Ask nodes for their partition id with ``query.partition`` (no data is shared).
 
     The parameters are those of :func:`query_histograms` but ``num_classes``; the
-    result holds partition ids and, for the other nodes, why they have none.
+    result holds partition ids and, for the other nodes, why they have none. A refused
+    claim (see :func:`partition_problems`) is logged, naming the node.
     """
     out = HistogramReplies()
+    claims: dict[int, int] = {}
     for node, reply in _ask(grid, node_ids, "query.partition", timeout, hooks, out):
         if (partition := reported_partition(reply)) is not None:
-            out.partition_ids[node] = partition
+            claims[node] = partition
         else:
             out.failed[node] = (f"error reply: {error_text(reply.error.reason)}"
                                 if reply.has_error() else "no integer partition-id in the reply")
+    refused = partition_problems(claims, held or {}, num_partitions)
+    for node, partition in claims.items():
+        if node in refused:
+            out.failed[node] = refused[node]
+            log(WARNING, "query.partition: refused the partition id of node %d: %s", node,
+                refused[node])
+        else:
+            out.partition_ids[node] = partition
     return out
 
 
@@ -386,6 +588,12 @@ class NodeRegistry:
     missing_level : int (default: WARNING)
         Log level of the line that says the nodes' ClientApp lacks the query's handler
         (see :class:`HookSupport`) or that nodes answered without a usable reply.
+    num_classes : int | None (default: None)
+        The histograms' length when the caller knows it (else the length most of the
+        first replies agree on).
+    num_partitions : int | None (default: None)
+        The federation's partition count when known: a ``partition-id`` must be below
+        it. Ids are always checked to be >= 0 and held by one node only.
 
     Attributes
     ----------
@@ -406,10 +614,12 @@ class NodeRegistry:
     def __init__(self, owner: str, timeout: float,
                  fallback: str = "nodes without a histogram are placed at random",
                  asks: str = "histogram", absent: str = "they sit out until they do",
-                 missing_level: int = WARNING) -> None:
+                 missing_level: int = WARNING, num_classes: int | None = None,
+                 num_partitions: int | None = None) -> None:
         if asks not in ("histogram", "partition"):
             raise ValueError(f"asks must be 'histogram' or 'partition', got {asks!r}")
         self.owner, self.timeout, self.asks, self.absent = owner, timeout, asks, absent
+        self.num_classes, self.num_partitions = num_classes, num_partitions
         self.message_type = f"query.{asks}"
         self.hooks = HookSupport(owner, {self.message_type: fallback}, missing_level)
         self.histograms: dict[int, np.ndarray] = {}
@@ -431,12 +641,16 @@ class NodeRegistry:
         self.unreachable.difference_update(nodes)
         if not new:
             return
+        held = {p: n for n, p in self.partition_ids.items()}
         if self.asks == "partition":
-            replies = query_partitions(grid, new, self.timeout, self.hooks)
+            replies = query_partitions(grid, new, self.timeout, self.hooks, held,
+                                       self.num_partitions)
         else:
             width = next(iter(self.histograms.values()), None)
-            replies = query_histograms(grid, new, self.timeout,
-                                       None if width is None else len(width), self.hooks)
+            replies = query_histograms(
+                grid, new, self.timeout,
+                self.num_classes or (None if width is None else len(width)), self.hooks,
+                held, self.num_partitions)
         self.histograms.update(replies.histograms)
         self.partition_ids.update(replies.partition_ids)
         self.edges.update(replies.edges)

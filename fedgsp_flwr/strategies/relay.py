@@ -215,10 +215,18 @@ def run_relay(
     while waiting:
         replies = list(grid.pull_messages(list(waiting)))
         now = time.monotonic()
+        replies, twice = _screen_hops(replies, waiting)
         for reply in replies:
             answered = waiting.pop(reply.metadata.reply_to_message_id, None)
             if answered is None:
                 continue  # a late reply to a hop that already timed out
+            if reply.metadata.reply_to_message_id in twice:
+                node = answered.result.nodes[answered.next_position]
+                finish_hop(answered, Hop(node, answered.next_position, HOP_REJECTED,
+                                         f"node {node} replied twice; both replies are "
+                                         "refused", now - answered.sent_at,
+                                         answered.bytes_sent))
+                continue
             if answered.message_type != "train" and missing_handler(reply):
                 node = answered.result.nodes[answered.next_position]
                 plain.add(node)
@@ -240,6 +248,26 @@ def run_relay(
     log(INFO, "relay: %d/%d groups trained, %d hops skipped", done, len(chains),
         sum(len(c.result.skipped) for c in chains))
     return [c.result for c in chains]
+
+
+def _screen_hops(replies: list[Message], waiting: dict[str, _Chain]
+                 ) -> tuple[list[Message], set[str]]:
+    """The replies of one pull from the node each hop went to (another node's reply is
+    ignored, with a WARNING), one per hop, and the hops answered twice in it.
+    """
+    kept: dict[str, Message] = {}
+    twice: set[str] = set()
+    for reply in replies:
+        key, src = reply.metadata.reply_to_message_id, reply.metadata.src_node_id
+        chain = waiting.get(key)
+        if chain is not None and src != (dst := chain.result.nodes[chain.next_position]):
+            log(WARNING, "relay: ignored a reply from node %d to the hop sent to node %d",
+                src, dst)
+        elif key in kept:
+            twice.add(key)
+        else:
+            kept[key] = reply
+    return list(kept.values()), twice
 
 
 def _hop_from_reply(chain: _Chain, reply: Message, now: float, weighted_by_key: str) -> Hop:

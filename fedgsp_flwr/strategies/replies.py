@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import WARNING
 
-import numpy as np
 from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
+from .decoding import ArrayRefused, decode_like
 from .metrics import reply_metrics
 
 # A reply's weight (its examples) above this is absurd and would swamp an average.
@@ -96,23 +96,16 @@ def reply_problem(
 
 
 def arrays_problem(arrays: ArrayRecord, reference: ArrayRecord | None) -> str | None:
-    """Return why ``arrays`` cannot be averaged with ``reference``, or ``None``."""
-    if reference is not None and list(arrays.keys()) != list(reference.keys()):
-        return (
-            f"array keys {list(arrays.keys())[:5]} differ from the model's "
-            f"{list(reference.keys())[:5]}"
-        )
-    for key, array in arrays.items():
-        if reference is not None:
-            ref = reference[key]
-            if tuple(array.shape) != tuple(ref.shape) or array.dtype != ref.dtype:
-                return (
-                    f"array '{key}' is {array.dtype}{list(array.shape)}, "
-                    f"expected {ref.dtype}{list(ref.shape)}"
-                )
-        values = array.numpy()
-        if values.dtype.kind in "fc" and not np.isfinite(values).all():
-            return f"array '{key}' has NaN or inf values"
+    """Return why ``arrays`` cannot be averaged with ``reference``, or ``None``.
+
+    Every array is decoded and checked by :func:`~fedgsp_flwr.strategies.decoding.decode_like`
+    (its bytes against its declaration, the declaration against ``reference``, finite
+    values); the decoded values stay with the arrays for the aggregation.
+    """
+    try:
+        decode_like(arrays, reference)
+    except ArrayRefused as refused:
+        return str(refused)
     return None
 
 
@@ -123,6 +116,7 @@ def filter_replies(
     weighted_by_key: str,
     require_arrays: bool,
     stage: str,
+    partition_ids: Mapping[int, int] | None = None,
 ) -> tuple[list[Message], dict[int, str]]:
     """Keep the sound replies; log and return the reason for every other one.
 
@@ -141,6 +135,8 @@ def filter_replies(
         Whether replies must carry arrays.
     stage : str
         Name used in log lines (e.g. ``"train"``).
+    partition_ids : Mapping[int, int] | None
+        The nodes' partition ids, named beside the node where known.
 
     Returns
     -------
@@ -161,5 +157,7 @@ def filter_replies(
         else:
             rejected[reply.metadata.src_node_id] = problem
     for node_id, reason in rejected.items():
-        log(WARNING, "%s: rejected reply from node %d: %s", stage, node_id, reason)
+        partition = (partition_ids or {}).get(node_id)
+        log(WARNING, "%s: rejected reply from node %d%s: %s", stage, node_id,
+            "" if partition is None else f" (partition {partition})", reason)
     return sound, rejected

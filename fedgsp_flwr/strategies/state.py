@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from .decoding import record_values
+
 NodeMap = Callable[[int], int]
 """Maps a node id of the checkpointed run to the node id of the resumed run."""
 
@@ -86,7 +88,7 @@ def under(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray
 
 def record_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
     """An ArrayRecord's arrays as numpy, in order."""
-    return {k: v.numpy() for k, v in record.items()}
+    return record_values(record)
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,13 +32,15 @@ from .fedavg import (
     average_arrays,
     check_parameters,
 )
+from .decoding import values
 from .metrics import renamed, reply_metrics
 from .nodes import (
     HookSupport,
+    agreed_vectors,
     collect_reply_list,
     node_label,
     query_partitions,
-    reported_partition,
+    reply_vector,
     unreachable,
     vector_problem,
 )
@@ -66,6 +69,10 @@ FALLBACKS = {
              "plain 'train' messages (without the cluster model's pull to the global one: "
              "lambda = 0, plain clustered FL)",
 }
+
+
+# State-dict entries of a torch model that are buffers, not parameters (no gradient).
+BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 
 
 @dataclass
@@ -242,7 +249,7 @@ class StoCFL(ServerSideRound):
             "models": sorted(self.models), "plain": pairs(self.plain),
             "partition-ids": pairs(self.partition_ids), "trained": sorted(self.trained),
             "held-out": sorted(self.held_out), "decided": sorted(self._decided),
-            "suspects": sorted(self.suspects),
+            "suspects": sorted(self.suspects), "hooks": self.hooks.state(),
             "eval-sketch-nodes": list(self.eval_sketches),
             "eval-partitions": pairs(self.eval_partitions),
         })
@@ -272,6 +279,7 @@ class StoCFL(ServerSideRound):
         self.held_out = {node_map(n) for n in meta["held-out"]}
         self._decided = {node_map(n) for n in meta["decided"]}
         self.suspects = {node_map(n) for n in meta["suspects"]}
+        self.hooks.restore(meta.get("hooks", {}))
         rows = under(state.arrays, "eval-sketch")
         self.eval_sketches = {node_map(n): rows[str(i)]
                               for i, n in enumerate(meta.get("eval-sketch-nodes", []))}
@@ -308,23 +316,38 @@ class StoCFL(ServerSideRound):
         out = SketchReplies()
         if not nodes:
             return out
-        size = self.clustering.dim
+        size = self.sketch_size()
         replies = self.hooks.collect(grid, self.sketch_queries(nodes), self.query_timeout)
+        sound: dict[int, Message] = {}
         for node, reply in zip(nodes, replies, strict=True):
             problem = (f"no reply within {self.query_timeout:g}s" if reply is None
                        else vector_problem(reply, "sketch", size))
             if problem is None and reply is not None:
-                vector = reply.content.array_records["sketch"]["sketch"].numpy()
-                if not np.linalg.norm(vector.astype(np.float64)) > 0:
+                if not np.linalg.norm(reply_vector(reply, "sketch").astype(np.float64)) > 0:
                     problem = "sketch has zero norm"
                 else:
-                    out.sketches[node] = vector.astype(np.float32)
-                    size = len(vector)
-                    if (partition := reported_partition(reply)) is not None:
-                        out.partitions[node] = partition
+                    sound[node] = reply
             if problem is not None:
                 out.problems[node] = problem
+        kept, out.partitions, refused = agreed_vectors(
+            sound, "sketch", size, {p: n for n, p in self.partition_ids.items()},
+            self.known.num_partitions)
+        out.problems.update(refused)
+        out.sketches = {node: vector.astype(np.float32) for node, vector in kept.items()}
         return out
+
+    def sketch_size(self) -> int | None:
+        """The sketch length the server expects: ``sketch_dim``, else the model's
+        parameter count (its float arrays' sizes, BatchNorm's running statistics aside:
+        a sketch is over the trainable parameters); ``None`` without an anchor (then
+        the length most replies agree on, never the first reply's).
+        """
+        if dim := cast(int, self.sketch_config["sketch-dim"]):
+            return dim
+        if self.anchor is None:
+            return self.clustering.dim
+        return sum(math.prod(a.shape) for k, a in self.anchor.items()
+                   if np.dtype(a.dtype).kind == "f" and not k.endswith(BUFFER_SUFFIXES))
 
     def ask_sketches(self, grid: Grid, nodes: Sequence[int]) -> dict[int, np.ndarray]:
         """Ask the nodes neither clustered nor plain yet for their sketches at the anchor
@@ -721,7 +744,7 @@ class StoCFL(ServerSideRound):
         files: dict[str, bytes | str] = {"clusters.json": json.dumps(state, indent=1)}
         if final:
             for filename, arrays in (
-                ("cluster-models.npz", {f"{c}/{k}": v.numpy() for c, record in
+                ("cluster-models.npz", {f"{c}/{k}": values(v) for c, record in
                                         self.models.items() for k, v in record.items()}),
                 ("sketches.npz", {name(n): s for n, s in self.clustering.sketches.items()}),
             ):

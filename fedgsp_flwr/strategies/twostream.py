@@ -13,6 +13,7 @@ from flwr.common.logger import log
 
 from ..core import fedmmd, fusion
 from ..core.fusion import init_fusion, split_fusion
+from .decoding import values
 from .fedavg import check_parameters
 from .hooked import HookedTrain, retyped
 
@@ -135,7 +136,7 @@ class FedFusion(HookedTrain):
         key = fusion.GAMMA_KEY
         if self.gamma_momentum == 0.0 or key not in mean or sent is None or key not in sent:
             return mean
-        mean[key] = Array(fusion.shadow_gamma(sent[key].numpy(), mean[key].numpy(),
+        mean[key] = Array(fusion.shadow_gamma(values(sent[key]), values(mean[key]),
                                               self.gamma_momentum))
         return mean
 

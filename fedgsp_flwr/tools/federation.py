@@ -9,10 +9,15 @@ with ``flwr run <app> <connection> --stream`` and stops exactly the processes it
 started, each with its process group (a SuperNode's SuperExec and running ClientApp
 go with it).
 
-Started as a script, it brings up a federation for a quick try and keeps it up until
-Ctrl-C::
+Started as a script, it brings up a federation for a quick try, with TLS and SuperNode
+authentication unless ``--insecure`` is given, and keeps it up until Ctrl-C, SIGTERM or
+SIGHUP, each of which stops every process it started::
 
-    python -m fedgsp_flwr.federation --nodes 4
+    python -m fedgsp_flwr.tools.federation --nodes 4
+
+Every private key it writes (the server's TLS key, the nodes' authentication keys) is
+created readable by its owner only (mode 0600 from the ``open`` call on, whatever the
+umask), in a folder only its owner can enter.
 """
 
 from __future__ import annotations
@@ -27,15 +32,67 @@ import socket
 import subprocess
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from logging import WARNING
+from types import FrameType
 from typing import Any, TextIO
+
+from flwr.common.logger import log
 
 from .launcher import FlwrCli, RunOutcome, config_string, free_port
 
 CONNECTION = "fedgsp-local"
 HOST = "127.0.0.1"
+PRIVATE_MODE = 0o600
+"""Mode of every private key file: read and write for its owner only."""
+PRIVATE_DIR_MODE = 0o700
+# The signals the script stops on, as on Ctrl-C (SIGINT).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# LocalFederation.close calls under way: stop_on_signals lets them finish.
+_closing = 0
+
+
+def private_folder(folder: Path) -> Path:
+    """Create ``folder`` (and its parents) if missing; a folder created here is for its
+    owner only (0700). An existing folder keeps its mode.
+    """
+    if not folder.is_dir():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+        os.chmod(folder, PRIVATE_DIR_MODE)  # a umask can take the owner's bits, too
+    return folder
+
+
+def write_private(path: str | Path, data: bytes) -> Path:
+    """Write a private key file that only its owner can read, from its creation on.
+
+    The file is created by ``os.open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)``: it
+    never exists with group or other permission bits (a umask can only take bits
+    away), and no file or link planted at ``path`` is followed. A file already at
+    ``path`` (a key of an earlier run in the same folder) is removed first.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    path = Path(path)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                 PRIVATE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    return path
 
 
 @dataclass(frozen=True)
@@ -63,15 +120,15 @@ def make_certificates(folder: str | Path, hosts: Sequence[str] = (HOST, "localho
     Returns
     -------
     Certificates
-        PEM files ``ca.crt``, ``server.pem`` and ``server.key``.
+        PEM files ``ca.crt``, ``server.pem`` and ``server.key``; the key is created
+        with mode 0600 (:func:`write_private`) and must stay on the SuperLink's machine.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_folder(Path(folder))
     now = dt.datetime.now(dt.UTC)
 
     def build(subject: str, issuer: x509.Name, public_key: Any, signer: Any,
@@ -104,7 +161,7 @@ def make_certificates(folder: str | Path, hosts: Sequence[str] = (HOST, "localho
     paths = Certificates(folder / "ca.crt", folder / "server.pem", folder / "server.key")
     paths.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     paths.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    paths.server_key.write_bytes(server_key.private_bytes(
+    write_private(paths.server_key, server_key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
     return paths
@@ -119,18 +176,18 @@ def make_node_key(path: str | Path) -> tuple[Path, Path]:
     Returns
     -------
     tuple[Path, Path]
-        The private and the public key file.
+        The private key file, created with mode 0600 (:func:`write_private`), and the
+        public key file.
     """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
     private = Path(path)
-    private.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(private.parent)
     key = ec.generate_private_key(ec.SECP384R1())
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption()))
-    private.chmod(0o600)
+    write_private(private, key.private_bytes(serialization.Encoding.PEM,
+                                             serialization.PrivateFormat.OpenSSH,
+                                             serialization.NoEncryption()))
     public = private.with_name(private.name + ".pub")
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                      serialization.PublicFormat.OpenSSH))
@@ -214,7 +271,11 @@ class LocalFederation(FlwrCli):
         self._write_connection()
 
     def __enter__(self) -> LocalFederation:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a SuperLink that started and then failed, or Ctrl-C
+            self.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -230,10 +291,10 @@ class LocalFederation(FlwrCli):
 
     def _spawn(self, cmd: list[str], log_path: Path,
                env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = log_path.open("w")
-        self._logs.append(log)
+        log_file = log_path.open("w")
+        self._logs.append(log_file)
         # A session of its own: the process group takes the process's children along.
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                 env={**self.env, **(env or {})}, cwd=self.folder,
                                 start_new_session=True)
 
@@ -397,17 +458,23 @@ class LocalFederation(FlwrCli):
         return [p.pid for p in procs if p is not None and p.poll() is None]
 
     def close(self) -> None:
-        """Stop every process this federation started (SIGTERM, SIGKILL after 10 s)."""
-        for node in self.nodes:
-            if node.process is not None:
-                _stop_group(node.process)
+        """Stop every process this federation started, each with its process group:
+        the SuperNodes together, then the SuperLink (SIGTERM, SIGKILL after 10 s).
+        """
+        global _closing
+        _closing += 1
+        try:
+            _stop_groups([n.process for n in self.nodes if n.process is not None])
+            for node in self.nodes:
                 node.process = None
-        if self.superlink is not None:
-            _stop_group(self.superlink)
-            self.superlink = None
-        for log in self._logs:
-            log.close()
-        self._logs.clear()
+            if self.superlink is not None:
+                _stop_groups([self.superlink])
+                self.superlink = None
+            for log_file in self._logs:
+                log_file.close()
+            self._logs.clear()
+        finally:
+            _closing -= 1
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
@@ -417,49 +484,112 @@ def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
-def _stop_group(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM a process group, SIGKILL it after ``grace`` s, and reap the leader."""
-    _signal_group(process, signal.SIGTERM)
+def _stop_groups(processes: Sequence[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """SIGTERM process groups, SIGKILL them once their leaders exited or ``grace`` s
+    passed (the leaders' children, too), and reap the leaders.
+    """
+    for process in processes:
+        _signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for process in processes:
+        _signal_group(process, signal.SIGKILL)
+        process.wait()
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: stop as on Ctrl-C (a :class:`KeyboardInterrupt`)."""
+
+
+@contextmanager
+def stop_on_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[list[int]]:
+    """Within the block, the first of ``signals`` raises :class:`KeyboardInterrupt`
+    (SIGINT's own, SIGTERM's and SIGHUP's :class:`Stopped`), so that SIGTERM and SIGHUP
+    stop the processes a ``with LocalFederation(...)`` block started exactly as Ctrl-C
+    does. Later ones, and any that arrives while :meth:`LocalFederation.close` runs,
+    are only recorded: they would cut that cleanup short. The previous handlers come
+    back on exit.
+
+    Yields
+    ------
+    list[int]
+        The signals received, in order.
+    """
+    received: list[int] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if len(received) > 1 or _closing:
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Stopped(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
     try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_group(process, signal.SIGKILL)  # the leader's children, too
-    process.wait()
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Start a local federation and keep it up until Ctrl-C."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=4, help="SuperNodes to start")
-    parser.add_argument("--home", default="local-federation",
-                        help="folder for FLWR_HOME, certificates and logs")
-    parser.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS")
-    parser.add_argument("--auth", action="store_true",
-                        help="SuperNode authentication (implies --tls)")
-    parser.add_argument("--node-config", default="",
-                        help="extra node config for every node (TOML values), "
-                        "e.g. 'edges=\"0,1\"'")
-    args = parser.parse_args(argv)
-    if args.nodes < 1:
-        parser.error("--nodes must be >= 1")
-    try:
-        extra = tomllib.loads("\n".join(args.node_config.split()))
-    except tomllib.TOMLDecodeError as err:
-        parser.error(f"--node-config: {err}")
-    with LocalFederation(".", args.home, tls=args.tls or args.auth, auth=args.auth) as fed:
-        for i in range(args.nodes):
-            fed.add_node({"partition-id": i, "num-partitions": args.nodes, **extra})
-        fed.wait_for_nodes(args.nodes)
-        print(f"SuperLink on {fed.address}, {args.nodes} SuperNodes online; logs in "
-              f"{fed.folder}. In another shell:\n\n"
-              f"  FLWR_HOME={fed.home} flwr run . {CONNECTION} --stream\n\n"
-              "Ctrl-C stops the federation.", flush=True)
+    """Start a local federation and keep it up until Ctrl-C, SIGTERM or SIGHUP."""
+    with stop_on_signals() as received:  # first: a signal during the start-up stops too
+        parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        parser.add_argument("--nodes", type=int, default=4, help="SuperNodes to start")
+        parser.add_argument("--home", default="local-federation",
+                            help="folder for FLWR_HOME, certificates, keys and logs")
+        parser.add_argument(
+            "--insecure", action="store_true",
+            help="no TLS and no SuperNode authentication: any local user can then join "
+            "as a node (a warning says so)")
+        parser.add_argument("--tls", action="store_true",
+                            help="TLS (the default; kept for compatibility)")
+        parser.add_argument("--auth", action="store_true",
+                            help="SuperNode authentication (the default; kept for "
+                            "compatibility)")
+        parser.add_argument("--node-config", default="",
+                            help="extra node config for every node (TOML values), "
+                            "e.g. 'edges=\"0,1\"'")
+        args = parser.parse_args(argv)
+        if args.nodes < 1:
+            parser.error("--nodes must be >= 1")
+        if args.insecure and (args.tls or args.auth):
+            parser.error("--insecure turns TLS and SuperNode authentication off: drop "
+                         "--tls/--auth, or drop --insecure")
         try:
-            while fed.superlink is not None and fed.superlink.poll() is None:
-                time.sleep(1)
+            extra = tomllib.loads("\n".join(args.node_config.split()))
+        except tomllib.TOMLDecodeError as err:
+            parser.error(f"--node-config: {err}")
+        secure = not args.insecure
+        if not secure:
+            log(WARNING, "--insecure: the SuperLink serves without TLS and accepts any "
+                "SuperNode: any user of this machine can join it as a node (and reply "
+                "what it likes) and read its traffic. Leave --insecure out for TLS and "
+                "SuperNode authentication.")
+        try:
+            with LocalFederation(".", args.home, tls=secure, auth=secure) as fed:
+                for i in range(args.nodes):
+                    fed.add_node({"partition-id": i, "num-partitions": args.nodes, **extra})
+                fed.wait_for_nodes(args.nodes)
+                mode = "TLS and SuperNode authentication" if secure else "INSECURE"
+                print(f"SuperLink on {fed.address} ({mode}), {args.nodes} SuperNodes "
+                      f"online; logs in {fed.folder}. In another shell:\n\n"
+                      f"  FLWR_HOME={fed.home} flwr run . {CONNECTION} --stream\n\n"
+                      "Ctrl-C (or SIGTERM, SIGHUP) stops the federation.", flush=True)
+                while fed.superlink is not None and fed.superlink.poll() is None:
+                    time.sleep(1)
+                print("flower-superlink exited: stopping the SuperNodes.", flush=True)
         except KeyboardInterrupt:
             pass
+        if received:
+            print(f"{signal.Signals(received[0]).name}: every process this federation "
+                  "started is stopped.", flush=True)
 
 
 if __name__ == "__main__":

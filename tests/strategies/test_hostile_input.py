@@ -261,7 +261,8 @@ def bilevel_node(amount: float) -> Callable[[Message], Message]:
     """A sound StoCFL node: a fixed sketch, and w/theta each moved by ``amount``."""
     def handle(message: Message) -> Message:
         if message.metadata.message_type == "query.sketch":
-            sketch = np.array([1.0, amount, 0.0], np.float32)
+            sketch = np.zeros(8, np.float32)  # the model's size: StoCFL's sketch-dim 0
+            sketch[:2] = 1.0, amount
             content = RecordDict({"sketch": ArrayRecord({"sketch": Array(sketch)}),
                                   "metrics": MetricRecord({"num-examples": 10})})
             return Message(content, reply_to=message)
@@ -382,16 +383,16 @@ SKETCH_KINDS = ["non-finite", "zero", "length", "2-d", "empty"]
 
 @st.composite
 def bad_sketch(draw: st.DrawFn, kind: str) -> np.ndarray:
-    """A sketch (of 3 numbers) that must be refused."""
-    sketch = np.array([1.0, 2.0, 0.5], np.float32)
+    """A sketch (of the model's 8 numbers) that must be refused."""
+    sketch = np.array([1.0, 2.0, 0.5, 0, 0, 0, 0, 0], np.float32)
     if kind == "non-finite":
-        sketch[draw(st.integers(0, 2))] = draw(FLOAT_SPECIALS)
+        sketch[draw(st.integers(0, 7))] = draw(FLOAT_SPECIALS)
     elif kind == "zero":
-        sketch = np.zeros(3, draw(st.sampled_from([np.float32, np.float64])))
+        sketch = np.zeros(8, draw(st.sampled_from([np.float32, np.float64])))
     elif kind == "length":
-        sketch = np.ones(draw(st.sampled_from([1, 2, 4, 7])), np.float32)
+        sketch = np.ones(draw(st.sampled_from([1, 2, 7, 9])), np.float32)
     elif kind == "2-d":
-        sketch = np.ones((3, 3), np.float32)
+        sketch = np.ones((8, 8), np.float32)
     else:
         sketch = np.zeros(0, np.float32)
     return sketch
