@@ -39,11 +39,11 @@ from typing import Any
 APP = Path(__file__).resolve().parent / "engine_app"
 sys.path.insert(0, str(APP))
 
-from engine_probe.workloads import hop_training, time_workloads  # noqa: E402
+from benchmark_io import emit_json
+from engine_probe.workloads import hop_training, time_workloads
 
-from fedgsp_flwr.threads import machine_cores, thread_limit  # noqa: E402
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.tools.launcher import LocalSimulation  # noqa: E402
+from fedgsp_flwr.threads import machine_cores, thread_limit
+from fedgsp_flwr.tools.launcher import LocalSimulation
 
 
 def simulate(sim: LocalSimulation, folder: Path, nodes: int, **config: Any) -> dict:

@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmark_io import emit_json  # noqa: E402
+from benchmark_io import emit_json
 
 
 def broadcast_mmd2(x: Any, y: Any) -> Any:

@@ -27,11 +27,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.clients.fedmmd import mmd2, mmd_penalty  # noqa: E402
-from fedgsp_flwr.data import get_bundle  # noqa: E402
-from fedgsp_flwr.models import build_model  # noqa: E402
-from fedgsp_flwr.training import train  # noqa: E402
+from benchmark_io import emit_json
+
+from fedgsp_flwr.clients.fedmmd import mmd2, mmd_penalty
+from fedgsp_flwr.data import get_bundle
+from fedgsp_flwr.models import build_model
+from fedgsp_flwr.training import train
 
 CLIENTS = ((3, 7), (0, 1), (4, 9))
 EXAMPLES, LR, BATCH = 226, 0.01, 5

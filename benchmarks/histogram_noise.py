@@ -24,9 +24,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedgsp_flwr.clients.privacy import laplace_histogram  # noqa: E402
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.core.grouping import (  # noqa: E402
+from benchmark_io import emit_json
+
+from fedgsp_flwr.clients.privacy import laplace_histogram
+from fedgsp_flwr.core.grouping import (
     class_distributions,
     icg,
     pairwise_cpd,

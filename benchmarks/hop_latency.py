@@ -30,10 +30,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedgsp_flwr.app.results import read_metrics  # noqa: E402
-from fedgsp_flwr.tools.federation import CONNECTION, LocalFederation  # noqa: E402
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.tools.launcher import FlwrCli, LocalSimulation, RunOutcome  # noqa: E402
+from benchmark_io import emit_json
+
+from fedgsp_flwr.app.results import read_metrics
+from fedgsp_flwr.tools.federation import CONNECTION, LocalFederation
+from fedgsp_flwr.tools.launcher import FlwrCli, LocalSimulation, RunOutcome
 
 BASE = {"strategy": "naivegsp", "fedgsp-num-groups": 1, "fedgsp-growth-beta": 1,
         "fedgsp-kappa": 1.0, "dataset": "synthetic", "partition": "natural", "batch-size": 16,

@@ -55,15 +55,15 @@ def _blas_threads(argv: list[str]) -> str:
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = _blas_threads(sys.argv)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from fedgsp_flwr.core.grouping import (  # noqa: E402
+from fedgsp_flwr.core.grouping import (
     class_distributions,
     icg,
     pairwise_cpd,
     random_groups,
 )
-from fedgsp_flwr.core.kmeans import squared_distances  # noqa: E402
+from fedgsp_flwr.core.kmeans import squared_distances
 
 FEMNIST_CLASSES = 62
 MNIST_CLASSES = 10

@@ -30,8 +30,9 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.strategies.ida import IDA  # noqa: E402
+from benchmark_io import emit_json
+
+from fedgsp_flwr.strategies.ida import IDA
 
 SHAPES = ((32, 1, 5, 5), (32,), (64, 32, 5, 5), (64,), (2048, 3136), (2048,), (10, 2048),
           (10,))

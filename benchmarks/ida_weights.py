@@ -28,14 +28,15 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.app.checkpoint import load_checkpoint  # noqa: E402
-from fedgsp_flwr.app.config import RunConfig  # noqa: E402
-from fedgsp_flwr.app.datasets import bundle_for, load_partitions  # noqa: E402
-from fedgsp_flwr.core.ida import inverse_distance_weights  # noqa: E402
-from fedgsp_flwr.data.partition import client_data  # noqa: E402
-from fedgsp_flwr.models import build_model  # noqa: E402
-from fedgsp_flwr.training import train  # noqa: E402
+from benchmark_io import emit_json
+
+from fedgsp_flwr.app.checkpoint import load_checkpoint
+from fedgsp_flwr.app.config import RunConfig
+from fedgsp_flwr.app.datasets import bundle_for, load_partitions
+from fedgsp_flwr.core.ida import inverse_distance_weights
+from fedgsp_flwr.data.partition import client_data
+from fedgsp_flwr.models import build_model
+from fedgsp_flwr.training import train
 
 
 def probe(folder: Path, sample_seed: int, clients: int) -> dict[str, Any]:

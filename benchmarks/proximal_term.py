@@ -27,9 +27,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.models import build_model  # noqa: E402
-from fedgsp_flwr.training import train  # noqa: E402
+from benchmark_io import emit_json
+
+from fedgsp_flwr.models import build_model
+from fedgsp_flwr.training import train
 
 EXAMPLES, BATCH, LR, MU = 226, 5, 0.01, 0.01
 

@@ -23,9 +23,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fedgsp_flwr.app.results import rows_to_csv, write_atomic  # noqa: E402
-from fedgsp_flwr.tools.launcher import LocalSimulation  # noqa: E402
-from helpers import quickstart_app  # noqa: E402
+from helpers import quickstart_app
+
+from fedgsp_flwr.app.results import rows_to_csv, write_atomic
+from fedgsp_flwr.tools.launcher import LocalSimulation
 
 STRATEGIES = "fedavg,fedprox,fedgsp,semifl,hierfl,stocfl,fesem"
 SUFFIXES = ("-global", "-trained", "-new")  # StoCFL's breakdowns of each metric
@@ -55,9 +56,9 @@ def run(hooks: bool, args: argparse.Namespace, work: Path) -> list[dict[str, Any
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The README's Markdown table."""
-    lines = ["| app | strategy | rounds trained | central accuracy, round 0 -> last | "
+    lines = [("| app | strategy | rounds trained | central accuracy, round 0 -> last | "
              "`result.arrays` | rejected replies | missing-hook warnings | "
-             "client metrics reported | group models | reported |",
+             "client metrics reported | group models | reported |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         accuracy = r["central-accuracy"]

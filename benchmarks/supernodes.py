@@ -26,15 +26,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedgsp_flwr.app.results import read_metrics  # noqa: E402
-from fedgsp_flwr.tools.federation import LocalFederation  # noqa: E402
-from benchmark_io import emit_json  # noqa: E402
-from fedgsp_flwr.tools.launcher import descendants, is_running  # noqa: E402
+from benchmark_io import emit_json
+
+from fedgsp_flwr.app.results import read_metrics
+from fedgsp_flwr.tools.federation import LocalFederation
+from fedgsp_flwr.tools.launcher import descendants, is_running
 
 BASE = {"dataset": "synthetic", "model": "logistic", "lr": 0.05}
 RUNS = {"fedavg": {"strategy": "fedavg", "fraction-train": 1.0, "fraction-evaluate": 1.0},
@@ -69,7 +70,7 @@ class MemorySampler:
                 self.peak[pid] = max(self.peak[pid], rss_mb(pid))
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> MemorySampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
+from helpers import image_bundle
 
 from fedgsp_flwr.data import DataBundle
-from helpers import image_bundle
 
 # Flower 1.41 stamps every new message with the running task's identity; tests build
 # messages outside a task (some at import time), so give the test process one.

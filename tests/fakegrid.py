@@ -38,21 +38,21 @@ class FakeGrid(Grid):
         self.pushed: list[tuple[float, int, str, Message]] = []
         self._ready: dict[str, tuple[float, Message]] = {}
 
-    def set_run(self, run: object) -> None:  # noqa: D102 - Grid interface
+    def set_run(self, run: object) -> None:
         pass
 
     @property
-    def run(self) -> object:  # noqa: D102
+    def run(self) -> object:
         return None
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
+                       group_id: str, ttl: float | None = None) -> Message:
         return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
 
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+    def get_node_ids(self) -> Iterable[int]:
         return list(self.handlers)
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for message in messages:
             message_id = str(uuid.uuid4())
@@ -70,7 +70,7 @@ class FakeGrid(Grid):
             ids.append(message_id)
         return ids
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         now, out = time.monotonic(), []
         for message_id in list(message_ids):
             ready = self._ready.get(message_id)
@@ -79,7 +79,7 @@ class FakeGrid(Grid):
         return out
 
     def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:  # noqa: D102
+                         timeout: float | None = None) -> Iterable[Message]:
         ids = list(self.push_messages(messages))
         deadline = time.monotonic() + (timeout or 0)
         out: list[Message] = []
@@ -138,7 +138,7 @@ class MultiReplyGrid(FakeGrid):
         self._queues: dict[str, list[tuple[float, Message]]] = {}
         self.delivered: list[Message] = []
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
         ids = list(super().push_messages(messages))
         for message, message_id in zip(messages, ids, strict=True):
@@ -150,7 +150,7 @@ class MultiReplyGrid(FakeGrid):
                 self._queues[message_id] = [(at, r) for r in replies]
         return ids
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         now, out = time.monotonic(), []
         for message_id in list(message_ids):
             queue = self._queues.get(message_id)

@@ -152,7 +152,7 @@ def test_the_checks_catch_a_new_cycle_and_an_upward_import(tmp_path: Path) -> No
 
 
 def strategy_classes() -> list[type]:
-    import fedgsp_flwr.strategies as strategies
+    from fedgsp_flwr import strategies
 
     return [c for c in vars(strategies).values()
             if isinstance(c, type) and issubclass(c, Strategy)]

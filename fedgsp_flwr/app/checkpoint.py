@@ -39,6 +39,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from .. import __version__
 from ..strategies import FedAvg
 from ..strategies.state import (
     NodeMap,
@@ -48,7 +49,6 @@ from ..strategies.state import (
     prefixed,
     under,
 )
-from .. import __version__
 from .results import write_atomic
 
 CHECKPOINT_FILE = "checkpoint.npz"
@@ -170,11 +170,13 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
             arrays = {k: data[k] for k in data.files}
         meta = json.loads(arrays.pop(META_KEY).tobytes().decode())
         if not isinstance(meta, dict):
-            raise ValueError(f"its metadata is a JSON {type(meta).__name__}, not an object")
+            # ValueError: reported with the file as damaged, like the readers' errors
+            raise ValueError(  # noqa: TRY004
+                f"its metadata is a JSON {type(meta).__name__}, not an object")
     # Anything the zip, npy or JSON readers raise on a damaged file (BadZipFile, a bad
     # CRC, EOFError, zlib.error, NotImplementedError for a garbled compression method,
     # ValueError, KeyError for a missing member, MemoryError for a garbled shape ...).
-    except Exception as err:  # noqa: BLE001 - every one of them means a damaged file
+    except Exception as err:
         raise CheckpointError(_damaged(folder, path, f"{type(err).__name__}: {err}")
                               ) from err
     version = meta.get("format-version", 1)

@@ -22,13 +22,13 @@ from ..clients.handlers import TrainSettings
 from ..core.cfl import LINKAGES
 from ..core.clustering import MERGE_MODELS, SKETCH_MODES
 from ..core.edge_assignment import POLICIES
+from ..core.fusion import OPERATORS as FUSION_OPERATORS
 from ..core.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
 from ..core.ifca import INITS as IFCA_INITS
 from ..core.multicenter import INITS
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..strategies.fesem import NEW_CLIENTS
-from ..core.fusion import OPERATORS as FUSION_OPERATORS
 from ..strategies.ida import WEIGHTINGS as IDA_WEIGHTINGS
 from ..strategies.semifl import CLUSTER_SOURCES
 from ..strategies.sequential import relay_message_type_problem

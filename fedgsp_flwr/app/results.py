@@ -73,9 +73,10 @@ def mean_if_every(values: Sequence[float | None]) -> float | None:
     """Mean over the seeds, or ``None`` unless every seed has a value: a mean of rounds
     to a target over only the seeds that reached it would flatter a strategy.
     """
-    if not values or any(v is None for v in values):
+    present = [v for v in values if v is not None]
+    if not values or len(present) < len(values):
         return None
-    return float(np.mean(values))
+    return float(np.mean(present))
 
 
 def is_complete(folder: str | Path) -> bool:

@@ -20,7 +20,11 @@ from flwr.serverapp import Grid, ServerApp
 from ..core.cost import CostModel, round_cost
 from ..grids import NodeWaitGrid, NodeWaitTimeoutError
 from ..models import (
-    build_model, centre_seed, parameter_count, resolve_model_name, training_flops,
+    build_model,
+    centre_seed,
+    parameter_count,
+    resolve_model_name,
+    training_flops,
 )
 from ..strategies import FedAvg
 from ..strategies.nodes import query_partitions

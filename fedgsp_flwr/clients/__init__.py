@@ -15,6 +15,9 @@ hints in simulation (all free cores for a relay chain's lone hop), or with the n
 ``num-threads`` node config (see :mod:`fedgsp_flwr.threads`).
 """
 
+from .ditto import make_ditto_evaluate_handler, make_ditto_train_handler
+from .fedfusion import make_fedfusion_handler
+from .fedmmd import make_fedmmd_handler
 from .handlers import (
     ClientHooks,
     TrainSettings,
@@ -25,9 +28,6 @@ from .handlers import (
     make_sketch_handler,
     make_train_handler,
 )
-from .ditto import make_ditto_evaluate_handler, make_ditto_train_handler
-from .fedmmd import make_fedmmd_handler
-from .fedfusion import make_fedfusion_handler
 from .ifca import make_ifca_handler
 from .registration import HANDLERS, HOOK_HANDLERS, register_hooks
 from .threads import message_threads, threads_mod

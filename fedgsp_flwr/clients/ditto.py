@@ -52,10 +52,10 @@ from .handlers import (
     METRICS_KEY,
     ClientHooks,
     TrainSettings,
-    model_from_message,
-    train_with_settings,
     local_seed,
     message_config,
+    model_from_message,
+    train_with_settings,
 )
 
 if TYPE_CHECKING:
@@ -131,8 +131,9 @@ class PersonalStore:
 def _server_round(config: ConfigRecord) -> int:
     value = config.get("server-round")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"a Ditto message config needs 'server-round' (an integer) to "
-                         f"version the stored personal model, got {value!r}")
+        raise ValueError(  # noqa: TRY004 - a bad message, as the other config checks
+            f"a Ditto message config needs 'server-round' (an integer) to "
+            f"version the stored personal model, got {value!r}")
     return value
 
 
@@ -161,7 +162,7 @@ def save_personal(hooks: ClientHooks, context: Context, config: ConfigRecord,
     """Keep the trained personal model: in the state directory or the node state."""
     store = _store(hooks, context)
     if store is None:
-        context.state[PERSONAL_KEY] = ArrayRecord(state)  # type: ignore[arg-type]
+        context.state[PERSONAL_KEY] = ArrayRecord(dict(state))
     else:
         store.save(_server_round(config), state)
 

@@ -12,7 +12,8 @@ the same: ``load_model(Net(), arrays)``.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from flwr.app import ArrayRecord
 
@@ -109,10 +110,11 @@ def fused_model(base: torch.nn.Module, operator: str) -> torch.nn.Module:
     import torch
     from torch import nn
 
-    cut = cut_index(base)
-    layers = list(base)
+    cut = cut_index(base)  # base is a Sequential (cut_index checked)
+    layers = list(cast("torch.nn.Sequential", base))
     last_conv = _last_conv(nn.Sequential(*layers[:cut]))
-    channels = last_conv.out_channels if last_conv is not None else layers[cut].in_features
+    channels = int(last_conv.out_channels if last_conv is not None  # type: ignore[arg-type]
+                   else layers[cut].in_features)
 
     class Fused(nn.Module):
         def __init__(self) -> None:
@@ -131,7 +133,7 @@ def fused_model(base: torch.nn.Module, operator: str) -> torch.nn.Module:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
-                reference = self.reference(x)
+                reference = cast("torch.nn.Module", self.reference)(x)
             local = x
             for layer in layers[:cut]:
                 local = layer(local)
@@ -163,10 +165,11 @@ def load_model(base: torch.nn.Module, record: ArrayRecord) -> torch.nn.Module:
         return base
     received = {k[len(PREFIX):]: tuple(record[k].shape) for k in fusion}
     model = fused_model(base, operator_of(received))
-    built = {k: tuple(v.shape) for k, v in model.fusion.state_dict().items()}
+    fusion_module = cast("torch.nn.Module", model.fusion)
+    built = {k: tuple(v.shape) for k, v in fusion_module.state_dict().items()}
     if built != received:
         raise UnfusableModel(f"the fusion module received has shapes {received}; where "
                              f"FedFusion cuts this model it needs {built}")
     model.load_state_dict(record.to_torch_state_dict())
-    model.set_reference()
+    cast(Callable[[], None], model.set_reference)()  # the fused model's own method
     return model

@@ -69,6 +69,9 @@ from ..training import TrainResult, evaluate, train
 from .privacy import laplace_histogram
 from .sketches import compute_sketch
 
+# What a MetricRecord holds (its constructor wants exactly this value type).
+MetricValue = int | float | list[int] | list[float]
+
 if TYPE_CHECKING:
     import torch
 
@@ -119,7 +122,8 @@ class TrainSettings:
         def number(key: str, default: float) -> float:
             value = config.get(key, default)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"message config '{key}' must be a number, got {value!r}")
+                raise ValueError(  # noqa: TRY004 - a bad message, as the range checks
+                    f"message config '{key}' must be a number, got {value!r}")
             return value
 
         settings = cls(
@@ -348,7 +352,8 @@ def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messa
         model = model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         result = train_with_settings(model, data, settings, local_seed(context, config))
-        metrics = {"train-loss": result.loss, "num-examples": result.num_examples}
+        metrics: dict[str, MetricValue] = {"train-loss": result.loss,
+                                           "num-examples": result.num_examples}
         content = RecordDict(
             {
                 ARRAYS_KEY: ArrayRecord(model.state_dict()),
@@ -472,7 +477,7 @@ def histogram_epsilon(context: Context) -> float:
     return float(value)
 
 
-def partition_metric(context: Context) -> dict[str, int]:
+def partition_metric(context: Context) -> dict[str, MetricValue]:
     """``{"partition-id": p}`` if the node config has an integer ``partition-id``."""
     partition = context.node_config.get("partition-id")
     if isinstance(partition, int) and not isinstance(partition, bool):

@@ -34,10 +34,10 @@ from .handlers import (
     METRICS_KEY,
     ClientHooks,
     TrainSettings,
-    model_from_message,
-    train_with_settings,
     local_seed,
     message_config,
+    model_from_message,
+    train_with_settings,
 )
 
 _MODEL_NAME = re.compile(rf"{re.escape(MODEL_PREFIX)}(\d+)")

@@ -12,6 +12,9 @@ from collections.abc import Callable, Iterable
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from .ditto import make_ditto_evaluate_handler, make_ditto_train_handler
+from .fedfusion import make_fedfusion_handler
+from .fedmmd import make_fedmmd_handler
 from .handlers import (
     ClientHooks,
     make_bilevel_handler,
@@ -21,9 +24,6 @@ from .handlers import (
     make_sketch_handler,
     make_train_handler,
 )
-from .ditto import make_ditto_evaluate_handler, make_ditto_train_handler
-from .fedmmd import make_fedmmd_handler
-from .fedfusion import make_fedfusion_handler
 from .ifca import make_ifca_handler
 
 Handler = Callable[[Message, Context], Message]

@@ -29,6 +29,7 @@ See docs/algorithms.md#semi-fl.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -118,7 +119,7 @@ def static_clusters(
     else:
         return _diverse(counts, sizes, rng)
     bounds = np.cumsum([0, *sizes])
-    return [sorted(order[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [sorted(order[a:b].tolist()) for a, b in itertools.pairwise(bounds)]
 
 
 def _check_every_class(counts: np.ndarray) -> None:

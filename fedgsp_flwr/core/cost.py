@@ -18,8 +18,8 @@ the same formulas price every strategy; for FedGSP and FedAvg they are the paper
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 # The paper's constants (Section 4.1): a Snapdragon 835 (Adreno 540) and AWS links.
 PAPER_DEVICE_FLOPS = 567e9

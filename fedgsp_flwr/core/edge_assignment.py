@@ -520,6 +520,7 @@ def _greedy(problem: AssignmentProblem, share: float, search_time: float | None
         value = _scaled_objective(problem.counts, x, problem.num_edges)
         if best is None or value < best[0]:
             best = (value, x)
+    assert best is not None  # there is always a start (the equal split)
     return best[1]
 
 
@@ -784,6 +785,7 @@ def _fill_class(reach: np.ndarray, weight: np.ndarray, target: np.ndarray, varia
         found = (_distance(full, weight, target), k, full)
         if best is None or found[:2] < best[:2]:
             best = found
+    assert best is not None  # kept >= 1 and there is always a variant
     return best[2]
 
 
@@ -1399,7 +1401,8 @@ def _cp_sat(problem: AssignmentProblem, size_tolerance: float | None,
                 k = int(solver.value(xs[i]))
                 x[users[filled:filled + k]] = edge_of[i]
                 filled += k
-    else:  # CP-SAT did not complete or beat the hint
+    else:  # CP-SAT did not complete or beat the hint (so there is one, see above)
+        assert hint is not None
         x = problem.check(hint)
     if equal_size:
         return x, None, "optimal" if status == cp_model.OPTIMAL else "feasible", None

@@ -537,6 +537,7 @@ def _exact_assignment(cost: np.ndarray, unit: float, size: int, neighbours: int,
         guess = np.zeros(n_clusters)
         network = _nearest(cost, width, labels)
     else:
+        assert labels is not None  # prices come with the labels they priced
         guess = np.rint(prices / unit)
         network, share = _candidates(cost, guess, labels, None, width)
     while True:

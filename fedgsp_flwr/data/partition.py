@@ -358,7 +358,7 @@ def _test_split(
     pool = np.arange(len(bundle.y_test))
     if spec.scheme == "hybrid":
         pool = np.flatnonzero(bundle.source_test == k % 2)
-    size = max(1, int(round(spec.test_fraction * len(train_idx))))
+    size = max(1, round(spec.test_fraction * len(train_idx)))
     hist = np.bincount(bundle.y_train[train_idx], minlength=bundle.num_classes)
     quota = _largest_remainder(hist / hist.sum() * size, size)
     chosen = []

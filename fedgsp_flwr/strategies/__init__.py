@@ -25,7 +25,6 @@ from .fedgsp import FedGSP
 from .fesem import FeSEM
 from .hierfl import HierFL
 from .ida import IDA
-from .twostream import FedFusion, FedMMD
 from .ifca import IFCA
 from .metrics import aggregate_metrics
 from .progress import TrainingStalled
@@ -33,23 +32,24 @@ from .replies import filter_replies, reply_problem
 from .semifl import SemiFL
 from .sequential import RelayStrategy
 from .stocfl import StoCFL
+from .twostream import FedFusion, FedMMD
 
 __all__ = [
     "CFL",
+    "IDA",
+    "IFCA",
     "Ditto",
     "FeSEM",
     "FedAdagrad",
     "FedAdam",
     "FedAvg",
+    "FedFusion",
     "FedGSP",
+    "FedMMD",
     "FedProx",
     "FedYogi",
     "GroupModel",
     "HierFL",
-    "IDA",
-    "FedFusion",
-    "FedMMD",
-    "IFCA",
     "RelayStrategy",
     "SemiFL",
     "ServerSideRound",

@@ -28,7 +28,7 @@ the values it used): server learning rate ``eta`` 0.1 (FedYogi 0.01), ``tau`` 1e
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,7 @@ class _Validated:
     beta_1: float
     beta_2: float
     weighted_by_key: str
+    take_run_options: Callable[[int, int | None, float], None]  # FedAvg's
 
     def __init__(self, *, max_untrained_rounds: int = 3, server_threads: int | None = None,
                  query_timeout: float = 300.0, **kwargs: Any) -> None:

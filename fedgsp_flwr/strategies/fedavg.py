@@ -75,7 +75,7 @@ def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> 
                          f"and weights {w.tolist()}")
     w /= w.sum()
     averaged = {}
-    for key in records[0].keys():
+    for key in records[0]:
         values = [array_values(r[key]) for r in records]
         mean = sum(wi * v for wi, v in zip(w, values, strict=True))
         averaged[key] = Array(as_dtype(mean, values[0].dtype))

@@ -5,7 +5,7 @@ the round's models (Yeganeh et al. 2020; :mod:`fedgsp_flwr.core.ida`).
 from __future__ import annotations
 
 from logging import INFO
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -44,8 +44,8 @@ class IDA(FedAvg):
     def __init__(self, *, weighting: str = "inverse-distance", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_parameters("IDA", [(weighting in WEIGHTINGS,
-                                  f"weighting must be one of {', '.join(WEIGHTINGS)}, got "
-                                  f"{weighting!r}")])
+                                  (f"weighting must be one of {', '.join(WEIGHTINGS)}, got "
+                                  f"{weighting!r}"))])
         self.weighting = weighting
 
     def summary(self) -> None:
@@ -60,7 +60,8 @@ class IDA(FedAvg):
         models = [[array_values(r[k]) for k in keys] for r in records]
         examples = None
         if self.weighting == "inverse-distance-examples":
-            examples = [float(reply_metrics(c)[self.weighted_by_key]) for c in contents]
+            examples = [float(cast(float, reply_metrics(c)[self.weighted_by_key]))
+                        for c in contents]
         measured = [i for i, k in enumerate(keys) if models[0][i].dtype.kind in "fc"]
         weights = inverse_distance_weights(
             [[model[i] for i in measured] for model in models] if measured else models,

@@ -453,12 +453,12 @@ class IFCA(ServerSideRound):
         updates = []
         reported = []
         for _, choice, reply in used:
-            metrics = reply_metrics(reply.content)
-            weight = float(cast(float, metrics[self.weighted_by_key]))
+            sent = reply_metrics(reply.content)
+            weight = float(cast(float, sent[self.weighted_by_key]))
             updates.append((choice, record_arrays(
                 next(iter(reply.content.array_records.values()))), weight))
             reported.append(RecordDict({"metrics": MetricRecord(
-                {k: v for k, v in metrics.items() if k != CHOICE_METRIC})}))
+                {k: v for k, v in sent.items() if k != CHOICE_METRIC})}))
         step = average_by_choice([record_arrays(m) for m in self.models], updates, self.head)
         self.models = [to_record(m) for m in step.models]
         for model in step.empty:

@@ -160,9 +160,8 @@ def missing_handler(reply: Message | None) -> bool:
     """Whether a reply is the ClientApp's error for a message type it has no handler
     for, or our handler's error saying it cannot serve the app (``UNSUPPORTED_HOOK_TEXT``).
     """
-    return (reply is not None and reply.has_error()
-            and (MISSING_HANDLER_TEXT in reply.error.reason
-                 or UNSUPPORTED_HOOK_TEXT in reply.error.reason))
+    reason = (reply.error.reason or "") if reply is not None and reply.has_error() else ""
+    return MISSING_HANDLER_TEXT in reason or UNSUPPORTED_HOOK_TEXT in reason
 
 
 class HookSupport:

@@ -27,8 +27,9 @@ _SIMULATION_ERROR = re.compile(r"occurred\. Message: (.+?)(?:'>)?$", re.MULTILIN
 _DEPLOYMENT_ERROR = re.compile(r"<class '(?:[\w]+\.)*(\w+)'>:<'(.*)'>", re.DOTALL)
 
 
-def error_text(reason: str, limit: int = 300) -> str:
+def error_text(reason: str | None, limit: int = 300) -> str:
     """The ClientApp's own error message in an error reply's reason, on one line."""
+    reason = reason or ""
     if found := _SIMULATION_ERROR.findall(reason):
         text = found[-1]
         named = [line.strip() for line in reason.splitlines()

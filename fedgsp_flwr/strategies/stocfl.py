@@ -25,6 +25,7 @@ from ..core.clustering import (
     agreement_scores,
 )
 from ..core.sampling import partition_order, sample_share
+from .decoding import values
 from .fedavg import (
     GroupModel,
     ServerSideRound,
@@ -32,7 +33,6 @@ from .fedavg import (
     average_arrays,
     check_parameters,
 )
-from .decoding import values
 from .metrics import renamed, reply_metrics
 from .nodes import (
     HookSupport,
@@ -452,7 +452,7 @@ class StoCFL(ServerSideRound):
         """
         fresh = [n for n in self.order(connected) if n not in self._decided]
         if fresh and self.holdout_fraction > 0:
-            take = int(round(self.holdout_fraction * len(fresh)))
+            take = round(self.holdout_fraction * len(fresh))
             picked = self.rng.choice(len(fresh), take, replace=False)
             self.held_out.update(fresh[i] for i in picked.tolist())
         self._decided.update(fresh)

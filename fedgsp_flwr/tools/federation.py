@@ -35,10 +35,10 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from logging import WARNING
+from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 from flwr.common.logger import log
 
@@ -270,12 +270,13 @@ class LocalFederation(FlwrCli):
         self._logs: list[TextIO] = []
         self._write_connection()
 
-    def __enter__(self) -> LocalFederation:
+    def __enter__(self) -> Self:
         try:
-            return self.start()
+            self.start()
         except BaseException:  # a SuperLink that started and then failed, or Ctrl-C
             self.close()
             raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -99,8 +99,8 @@ def growth_rows(folder: Path) -> list[dict[str, Any]]:
         rows.append({
             "label": label,
             "growth": cfg.get("fedgsp-growth"),
-            "alpha": float(cfg.get("fedgsp-growth-alpha")),
-            "beta": int(cfg.get("fedgsp-growth-beta")),
+            "alpha": float(cfg["fedgsp-growth-alpha"]),
+            "beta": int(cfg["fedgsp-growth-beta"]),
             "seeds": len(runs),
             "final-loss": mean_of([final_value(m, "central-loss") for m in runs]),
             "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
@@ -120,7 +120,7 @@ def kappa_rows(folder: Path, target: float = 0.95) -> list[dict[str, Any]]:
     over the run (absolute and normalised by the largest), the bytes the run moved in
     training (normalised likewise) and its wall time of rounds.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, cfg in label_settings(folder).items():
         runs = complete_runs(folder, label)
         if not runs:
@@ -128,7 +128,7 @@ def kappa_rows(folder: Path, target: float = 0.95) -> list[dict[str, Any]]:
         comp = [run_total(m, ("cost-comp-s",)) for m in runs]
         comm = [run_total(m, ("cost-comm-s",)) for m in runs]
         reached = [rounds_to(m, "central-acc", target) for m in runs]
-        rows.append({"label": label, "kappa": float(cfg.get("fedgsp-kappa")),
+        rows.append({"label": label, "kappa": float(cfg["fedgsp-kappa"]),
                      "seeds": len(runs),
                      "final-acc": mean_of([final_value(m, "central-acc") for m in runs]),
                      "final-loss": mean_of([final_value(m, "central-loss") for m in runs]),

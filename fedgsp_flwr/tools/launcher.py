@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 # Ray starts its workers (the simulation's ClientApp actors) at niceness 15: they give
 # the cores up to any process at 0 (the engine's own threads, the SuperLink, ...), so a
@@ -221,7 +221,7 @@ class LocalSimulation(FlwrCli):
         self.env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(self.port)
         self.env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
 
-    def __enter__(self) -> LocalSimulation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import Context, Message, RecordDict
 
 import fedgsp_flwr
-from fakegrid import FakeGrid
 from fedgsp_flwr.app import client_app, server_app
 from fedgsp_flwr.app.checkpoint import (
     CHECKPOINT_FILE,

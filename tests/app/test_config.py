@@ -6,7 +6,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from flwr.app import ArrayRecord
 
 from fedgsp_flwr.app.config import ConfigError, RunConfig
@@ -167,9 +166,7 @@ def test_ditto_is_built_from_the_run_config() -> None:
 
 
 def test_fesem_and_semifl_are_built_from_the_run_config(tmp_path) -> None:
-    from fedgsp_flwr.app.registry import build_strategy
-
-    from fedgsp_flwr.app.registry import RunContext
+    from fedgsp_flwr.app.registry import RunContext, build_strategy
 
     fesem_cfg = RunConfig.from_mapping(
         {"strategy": "fesem", "fesem-k": 6, "fesem-init": "seeds",

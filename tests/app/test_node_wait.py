@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakegrid import FakeGrid, partition_node
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp.strategy import strategy_utils
 
-from fakegrid import FakeGrid, partition_node
 from fedgsp_flwr.app import client_app, server_app
 from fedgsp_flwr.app.config import ConfigError, RunConfig
 from fedgsp_flwr.app.results import read_metrics

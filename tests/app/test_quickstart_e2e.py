@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import quickstart_app
 
 from fedgsp_flwr.tools.launcher import LocalSimulation
-from helpers import quickstart_app
 
 pytestmark = pytest.mark.e2e
 

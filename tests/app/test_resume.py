@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import Context, Message, RecordDict
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.app import client_app, server_app
 from fedgsp_flwr.app.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedgsp_flwr.app.config import ConfigError, RunConfig

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+import simulation
 from fedgsp_flwr.app.results import is_complete, read_metrics
 from fedgsp_flwr.tools.launcher import LocalSimulation
-import simulation
 
 pytestmark = pytest.mark.e2e
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import instruction, make_context, vector_data
 
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ditto import (
@@ -24,7 +25,6 @@ from fedgsp_flwr.clients.ditto import (
 from fedgsp_flwr.clients.handlers import local_seed
 from fedgsp_flwr.models import build_model
 from fedgsp_flwr.training import evaluate, train
-from helpers import instruction, make_context, vector_data
 
 DATA = vector_data(n=90, seed=0)
 LR = 0.1

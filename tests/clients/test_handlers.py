@@ -7,11 +7,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import arrays_of, instruction, make_context, vector_data
 
 from fedgsp_flwr.clients import HANDLERS, ClientHooks, register_hooks
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.models import build_model
-from helpers import arrays_of, instruction, make_context, vector_data
 
 DATA = {0: vector_data(seed=0), 1: vector_data(n=80, seed=1)}
 
@@ -141,7 +141,7 @@ def test_hooks_join_an_existing_app_without_touching_its_handlers() -> None:
     app = ClientApp()
 
     @app.train()
-    def own_train(message, context):  # noqa: ANN001, ANN202 - the app's own handler
+    def own_train(message, context):
         raise AssertionError("not called here")
 
     register_hooks(app, HOOKS)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import instruction, make_context, vector_data
 
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ifca import make_ifca_handler
@@ -14,7 +15,6 @@ from fedgsp_flwr.core.ifca import NON_FINITE_LOSS
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.models import build_model
 from fedgsp_flwr.training import evaluate, train
-from helpers import instruction, make_context, vector_data
 
 BASE = vector_data(n=90, seed=0)
 # The test split's labels are the training labels shifted by one class: the model that

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 from flwr.clientapp import ClientApp
+from helpers import instruction, make_context, vector_data
 
 from fedgsp_flwr.clients import HANDLERS, ClientHooks, register_hooks
 from fedgsp_flwr.clients.privacy import laplace_histogram
 from fedgsp_flwr.models import build_model
-from helpers import instruction, make_context, vector_data
 
 DATA = vector_data(n=300, classes=3, seed=0)
 

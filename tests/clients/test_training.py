@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import vector_data
 
 from fedgsp_flwr.models import build_model, centre_seed, resolve_model_name
 from fedgsp_flwr.training import evaluate, train
-from helpers import vector_data
 
 DATA = vector_data(n=200)
 

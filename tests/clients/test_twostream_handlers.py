@@ -12,11 +12,12 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import instruction, make_context, vector_data
 from torch import nn
 
 from fedgsp_flwr.clients import ClientHooks, register_hooks
-from fedgsp_flwr.clients.fedmmd import make_fedmmd_handler, mmd2
 from fedgsp_flwr.clients.fedfusion import make_fedfusion_handler
+from fedgsp_flwr.clients.fedmmd import make_fedmmd_handler, mmd2
 from fedgsp_flwr.clients.fusion import UnfusableModel, fused_model, load_model
 from fedgsp_flwr.clients.handlers import local_seed
 from fedgsp_flwr.core.fedmmd import SIGMAS
@@ -24,7 +25,6 @@ from fedgsp_flwr.core.fusion import init_fusion
 from fedgsp_flwr.core.hooks import UNSUPPORTED_HOOK_TEXT
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.training import train
-from helpers import instruction, make_context, vector_data
 
 DATA = vector_data(n=90, seed=0)
 SETTINGS = {"lr": 0.1, "local-epochs": 2, "batch-size": 16, "server-round": 1}
@@ -82,7 +82,7 @@ def reference_mmd2(x: np.ndarray, y: np.ndarray) -> float:
     def k(a: np.ndarray, b: np.ndarray) -> float:
         return sum(math.exp(-float(((a - b) ** 2).sum()) / (2 * s)) for s in SIGMAS)
 
-    mean = lambda p, q: np.mean([[k(a, b) for b in q] for a in p])  # noqa: E731
+    mean = lambda p, q: np.mean([[k(a, b) for b in q] for a in p])
     return max(0.0, mean(x, x) + mean(y, y) - 2 * mean(x, y))
 
 

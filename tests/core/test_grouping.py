@@ -134,7 +134,7 @@ def test_warm_started_assignment_reaches_the_cold_optimum() -> None:
         labels, prices = equal_size_assignment(points, new, size=20, neighbours=6,
                                                warm_start=warm)
         d = squared_distances(points, new)
-        total = lambda lab: d[np.arange(120), lab].sum()
+        total = lambda lab, d=d: d[np.arange(120), lab].sum()
         assert np.bincount(labels).tolist() == [20] * 6
         assert total(labels) == pytest.approx(total(cold), rel=1e-6)
         assert prices is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import image_bundle
 
 from fedgsp_flwr.data import (
     DataBundle,
@@ -14,7 +15,6 @@ from fedgsp_flwr.data import (
 )
 from fedgsp_flwr.data.partition import LABEL_GROUPS, read_partitions, save_partitions
 from fedgsp_flwr.data.sources import make_synthetic
-from helpers import image_bundle
 
 
 def labels(bundle: DataBundle, idx: np.ndarray) -> set[int]:
@@ -82,7 +82,7 @@ def test_dirichlet_small_alpha_is_skewed(bundle: DataBundle) -> None:
         return float(np.mean([np.bincount(bundle.y_train[p.train_idx], minlength=10).max()
                               / len(p.train_idx) for p in parts]))
 
-    assert top_share(skewed) > 0.5 > 0.2 > top_share(flat)
+    assert top_share(skewed) > 0.5 and top_share(flat) < 0.2
 
 
 def test_label_groups_are_stocfls(bundle: DataBundle) -> None:
@@ -168,7 +168,7 @@ def test_unknown_scheme_and_empty_clients_are_clear_errors(bundle: DataBundle) -
 
 
 def test_central_test_set_covers_every_rotation(bundle: DataBundle) -> None:
-    x, y = central_test_set(bundle, PartitionSpec("rotated", 4, seed=0))
+    x, _y = central_test_set(bundle, PartitionSpec("rotated", 4, seed=0))
     assert x.shape == (len(bundle.y_test), 1, 8, 8)
     order = np.random.default_rng(0).permutation(len(bundle.y_test))
     first_of_last = np.array_split(order, 4)[3][0]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import strategy as flower
+from helpers import run_rounds
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.app.checkpoint import ResumedRounds
 from fedgsp_flwr.strategies.adaptive import FedAdagrad, FedAdam, FedYogi
-from helpers import run_rounds
 
 PAIRS = [(FedAdagrad, flower.FedAdagrad), (FedAdam, flower.FedAdam),
          (FedYogi, flower.FedYogi)]

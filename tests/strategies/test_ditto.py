@@ -12,11 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import plain_clientapp
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import make_context, run_rounds
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ditto import (
     PERSONAL_KEY,
@@ -29,8 +31,6 @@ from fedgsp_flwr.models import build_model
 from fedgsp_flwr.strategies import FedAvg
 from fedgsp_flwr.strategies.ditto import Ditto
 from fedgsp_flwr.training import train
-from helpers import make_context, run_rounds
-import plain_clientapp
 
 NODES = 6
 LR = 0.1
@@ -216,7 +216,7 @@ def test_in_a_mixed_federation_only_the_plain_nodes_take_the_fallback(
 def test_a_plain_evaluate_handler_alone_scores_w_and_warns_once(
         caplog: pytest.LogCaptureFixture) -> None:
     federation = Federation(ditto=False)
-    for node, handle in list(federation.grid.handlers.items()):
+    for node in list(federation.grid.handlers):
         hooks = ClientHooks(load_data=lambda _c, p=node: skewed(p), build_model=net)
         app = register_hooks(ClientApp(), hooks, handlers=("train", "evaluate"))
         app.train("ditto")(make_ditto_train_handler(hooks))

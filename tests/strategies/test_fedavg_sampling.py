@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-
 from fakegrid import FakeGrid, partition_node
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from helpers import run_rounds
+
 from fedgsp_flwr.strategies import IDA, FedAdam, FedAvg, FedProx
 from fedgsp_flwr.strategies.state import StrategyState
-from helpers import run_rounds
 
 PARTITIONS = 12
 INITIAL = ArrayRecord({"w": Array(np.zeros(3, np.float32))})

@@ -7,14 +7,14 @@ import json
 
 import numpy as np
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import ArrayRecord
 from flwr.clientapp import ClientApp
+from helpers import logistic, make_context, node_app, run_rounds
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.clients import HANDLERS, ClientHooks, register_hooks
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies.fedgsp import FedGSP
-from helpers import logistic, make_context, node_app, run_rounds
 
 CLASSES = 4
 
@@ -171,7 +171,8 @@ def test_groups_do_not_depend_on_the_random_node_ids() -> None:
         for pid, node in enumerate(ids):
             hooks = ClientHooks(load_data=lambda _c, p=pid: node_data(p), build_model=model)
             app = register_hooks(ClientApp(), hooks, handlers=HANDLERS)
-            handlers[node] = lambda m, a=app, c=make_context(pid, len(ids)): a(m, c)
+            context = make_context(pid, len(ids))
+            handlers[node] = lambda m, a=app, c=context: a(m, c)
         strategy = FedGSP(num_groups=3, kappa=1.0, seed=4, fraction_evaluate=0.0)
         chains, _ = strategy.make_chains(1, FakeGrid(handlers))
         partition_of = {node: pid for pid, node in enumerate(ids)}

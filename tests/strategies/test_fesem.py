@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-
 from fakegrid import FakeGrid, partition_node
-from fedgsp_flwr.strategies.fesem import FeSEM
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from helpers import run_rounds
+
+from fedgsp_flwr.strategies.fesem import FeSEM
 
 TARGETS = np.array([[0.0, 0.0, 0.0], [20.0, 0.0, 0.0], [0.0, 20.0, 0.0]])
 

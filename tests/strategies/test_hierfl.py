@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord
-
 from fakegrid import FakeGrid
+from flwr.app import ArrayRecord
+from helpers import logistic, node_app, run_rounds
+
 from fedgsp_flwr.core.edge_assignment import POLICIES
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies.hierfl import HierFL
-from helpers import logistic, node_app, run_rounds
 
 CLASSES = 4
 
@@ -166,7 +166,7 @@ def test_runs_are_bit_identical_whatever_the_node_ids() -> None:
 
 def test_the_cloud_weighs_each_edge_by_the_examples_of_all_its_edge_rounds(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import fedgsp_flwr.strategies.hierfl as hierfl
+    from fedgsp_flwr.strategies import hierfl
 
     calls: list[list[float]] = []
 

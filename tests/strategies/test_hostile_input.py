@@ -11,15 +11,15 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from helpers import instruction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.strategies import FedAvg, FeSEM, StoCFL, filter_replies
 from fedgsp_flwr.strategies.nodes import histogram_problem, query_histograms
 from fedgsp_flwr.strategies.relay import run_relay
-from helpers import instruction
 
 SHAPES = {"w": (3, 2), "b": (2,)}
 REFERENCE = ArrayRecord({k: Array(np.zeros(s, np.float32)) for k, s in SHAPES.items()})

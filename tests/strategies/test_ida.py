@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-
 from fakegrid import FakeGrid
-from fedgsp_flwr.strategies.ida import IDA
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from helpers import run_rounds
+
+from fedgsp_flwr.strategies.ida import IDA
 
 KWARGS = {"fraction_evaluate": 0.0, "min_available_nodes": 3, "min_train_nodes": 3}
 

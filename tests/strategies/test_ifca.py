@@ -8,19 +8,19 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import plain_clientapp
 import pytest
+from fakegrid import FakeGrid, partition_node
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import make_context, run_rounds, vector_data
 
-from fakegrid import FakeGrid, partition_node
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ifca import make_ifca_handler
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies import TrainingStalled
 from fedgsp_flwr.strategies.ifca import IFCA
 from fedgsp_flwr.strategies.state import StrategyState
-from helpers import make_context, run_rounds, vector_data
-import plain_clientapp
 
 TARGETS = np.array([[0.0, 0.0, 0.0], [20.0, 0.0, 0.0], [0.0, 20.0, 0.0]])
 MISSING = "No train function registered with name 'ifca'"  # Flower's ClientApp error
@@ -172,7 +172,7 @@ def test_shared_layers_are_averaged_over_all_nodes_and_the_head_per_choice() -> 
                     fraction_train=1.0, fraction_evaluate=0.0)
     grid = grid_of(range(6))
     start(strategy, grid, rounds=1)
-    sent = [m for _, _, kind, m in grid.pushed if kind == "train.ifca"][0]
+    sent = next(m for _, _, kind, m in grid.pushed if kind == "train.ifca")
     for j in range(3):  # one feature extractor from the start: model 0's
         assert sent.content[f"model-{j}"]["body"].numpy().tolist() == [0.0, 0.0]
         assert sent.content[f"model-{j}"]["head"].numpy().tolist() == HEADS[j]
@@ -303,7 +303,7 @@ def test_hostile_replies_are_rejected_with_one_reason_and_never_reach_a_model(
     for partition, fragment in zip(rewrites, [
             "integer in [0, 3)", "must list 3 losses", "above the minimum",
             "'num-examples' is missing", "expected float32[3]", "NaN or inf",
-            "expected float32[3]", "must be a number in"]):
+            "expected float32[3]", "must be a number in"], strict=False):
         mine = [line for line in lines if f"node {node_id(partition)}:" in line]
         assert len(mine) == 2 and fragment in mine[0], (partition, mine)
     assert not any(n in strategy.choice for n in (node_id(p) for p in rewrites))

@@ -31,38 +31,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fakegrid import FakeGrid, MultiReplyGrid, request_of, twice, with_forgery
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from test_hostile_input import FEW, flwr_warnings
 
 import fedgsp_flwr.strategies as exported
-from fakegrid import FakeGrid, MultiReplyGrid, request_of, twice, with_forgery
-from fedgsp_flwr.strategies import (
-    CFL,
-    IDA,
-    IFCA,
-    Ditto,
-    FedAdagrad,
-    FedAdam,
-    FedAvg,
-    FedFusion,
-    FedGSP,
-    FedMMD,
-    FedProx,
-    FedYogi,
-    FeSEM,
-    HierFL,
-    RelayStrategy,
-    SemiFL,
-    StoCFL,
-)
 from fedgsp_flwr.strategies.nodes import NodeRegistry, query_histograms, query_partitions
 from fedgsp_flwr.strategies.relay import run_relay
 from fedgsp_flwr.strategies.state import StrategyState
-from test_hostile_input import FEW, flwr_warnings
 
 # FEW's reproducible draws, fewer of them (each kind of lie is its own case, each
 # example a whole federation), and no shrinking: on code that fails, a shrink would
@@ -312,7 +293,7 @@ def liar(stage: str, rewrite: Callable[[Message], Message] | None,
 
 # --- the strategies ---------------------------------------------------------------------
 
-class OneChain(RelayStrategy):
+class OneChain(exported.RelayStrategy):
     """RelayStrategy is abstract (its chains come from ``make_chains``): the smallest
     concrete one, every reachable node in one chain in partition order.
     """
@@ -326,25 +307,25 @@ SERVER_SIDE = {**QUICK, "train_timeout": TIMEOUT, "query_timeout": TIMEOUT}
 # Each exported strategy at its defaults, plus what a four-node run of a few seconds
 # needs (node count, timeouts, a seed) and what makes the liar take part in it.
 BUILD: dict[str, Callable[[], Strategy]] = {
-    "FedAvg": lambda: FedAvg(**QUICK, query_timeout=TIMEOUT),
-    "FedProx": lambda: FedProx(**QUICK, query_timeout=TIMEOUT),
-    "FedAdagrad": lambda: FedAdagrad(**QUICK, query_timeout=TIMEOUT),
-    "FedAdam": lambda: FedAdam(**QUICK, query_timeout=TIMEOUT),
-    "FedYogi": lambda: FedYogi(**QUICK, query_timeout=TIMEOUT),
-    "IDA": lambda: IDA(**QUICK, query_timeout=TIMEOUT),
-    "FedMMD": lambda: FedMMD(**SERVER_SIDE),
-    "FedFusion": lambda: FedFusion(**SERVER_SIDE),
-    "Ditto": lambda: Ditto(**SERVER_SIDE),
+    "FedAvg": lambda: exported.FedAvg(**QUICK, query_timeout=TIMEOUT),
+    "FedProx": lambda: exported.FedProx(**QUICK, query_timeout=TIMEOUT),
+    "FedAdagrad": lambda: exported.FedAdagrad(**QUICK, query_timeout=TIMEOUT),
+    "FedAdam": lambda: exported.FedAdam(**QUICK, query_timeout=TIMEOUT),
+    "FedYogi": lambda: exported.FedYogi(**QUICK, query_timeout=TIMEOUT),
+    "IDA": lambda: exported.IDA(**QUICK, query_timeout=TIMEOUT),
+    "FedMMD": lambda: exported.FedMMD(**SERVER_SIDE),
+    "FedFusion": lambda: exported.FedFusion(**SERVER_SIDE),
+    "Ditto": lambda: exported.Ditto(**SERVER_SIDE),
     # kappa=1 and two groups: at the defaults 1 of 4 one-node groups trains a round
     # and the liar could sit the run out; two groups of two give relay hand-ons.
-    "FedGSP": lambda: FedGSP(**SERVER_SIDE, seed=0, kappa=1.0, num_groups=2),
-    "SemiFL": lambda: SemiFL(**SERVER_SIDE, seed=0),
+    "FedGSP": lambda: exported.FedGSP(**SERVER_SIDE, seed=0, kappa=1.0, num_groups=2),
+    "SemiFL": lambda: exported.SemiFL(**SERVER_SIDE, seed=0),
     "RelayStrategy": lambda: OneChain(**SERVER_SIDE, seed=0),
-    "HierFL": lambda: HierFL(**SERVER_SIDE, seed=0),
-    "IFCA": lambda: IFCA(**SERVER_SIDE, seed=0),
-    "CFL": lambda: CFL(**SERVER_SIDE, seed=0),
-    "FeSEM": lambda: FeSEM(**SERVER_SIDE, seed=0),
-    "StoCFL": lambda: StoCFL(**SERVER_SIDE, seed=0),
+    "HierFL": lambda: exported.HierFL(**SERVER_SIDE, seed=0),
+    "IFCA": lambda: exported.IFCA(**SERVER_SIDE, seed=0),
+    "CFL": lambda: exported.CFL(**SERVER_SIDE, seed=0),
+    "FeSEM": lambda: exported.FeSEM(**SERVER_SIDE, seed=0),
+    "StoCFL": lambda: exported.StoCFL(**SERVER_SIDE, seed=0),
 }
 # Exported, but not run here, and why.
 NOT_RUN = {
@@ -484,40 +465,47 @@ def assert_refused_like_an_error(name: str, stage: str, got: Outcome) -> None:
 
 # --- issue 46, build 1 and 9: lying arrays in replies, histograms, sketches -----------
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("kind", LIE_KINDS)
-@pytest.mark.parametrize("name", NAMES)
-@LIES
-@given(data=st.data())
+Test = Callable[..., None]
+
+
+def each_lie(budget: settings, names: Sequence[str] | None = None) -> Callable[[Test], Test]:
+    """A test of every kind of lie in :data:`LIE_KINDS` (and, with ``names``, of every
+    strategy named), its ``data`` drawn under ``budget``; the RuntimeWarnings that lying
+    values raise are ignored.
+    """
+    def decorate(test: Test) -> Test:
+        test = budget(given(data=st.data())(test))
+        if names is not None:
+            test = pytest.mark.parametrize("name", names)(test)
+        return pytest.mark.filterwarnings("ignore::RuntimeWarning")(
+            pytest.mark.parametrize("kind", LIE_KINDS)(test))
+    return decorate
+
+
+def assert_a_lie_refused(name: str, stage: str, kind: str, data: st.DataObject) -> None:
+    """``name``'s run where the liar's replies of ``stage`` carry a lie of ``kind`` (drawn
+    from ``data``) has the error-reply run's result."""
+    rewrite = data.draw(lying_reply(kind))
+    got = run(name, {**sound_nodes(), BAD: liar(stage, rewrite)})
+    assert_refused_like_an_error(name, stage, got)
+
+
+@each_lie(LIES, NAMES)
 def test_a_lying_train_reply_is_refused_like_an_error_reply(
         name: str, kind: str, data: st.DataObject) -> None:
-    rewrite = data.draw(lying_reply(kind))
-    got = run(name, {**sound_nodes(), BAD: liar("train", rewrite)})
-    assert_refused_like_an_error(name, "train", got)
+    assert_a_lie_refused(name, "train", kind, data)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("kind", LIE_KINDS)
-@pytest.mark.parametrize("name", HISTOGRAM_STRATEGIES)
-@LIES
-@given(data=st.data())
+@each_lie(LIES, HISTOGRAM_STRATEGIES)
 def test_a_lying_histogram_is_refused_like_an_error_reply(
         name: str, kind: str, data: st.DataObject) -> None:
-    rewrite = data.draw(lying_reply(kind))
-    got = run(name, {**sound_nodes(), BAD: liar("histogram", rewrite)})
-    assert_refused_like_an_error(name, "histogram", got)
+    assert_a_lie_refused(name, "histogram", kind, data)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("kind", LIE_KINDS)
-@pytest.mark.parametrize("name", SKETCH_STRATEGIES)
-@MORE_LIES
-@given(data=st.data())
+@each_lie(MORE_LIES, SKETCH_STRATEGIES)
 def test_a_lying_sketch_is_refused_like_an_error_reply(
         name: str, kind: str, data: st.DataObject) -> None:
-    rewrite = data.draw(lying_reply(kind))
-    got = run(name, {**sound_nodes(), BAD: liar("sketch", rewrite)})
-    assert_refused_like_an_error(name, "sketch", got)
+    assert_a_lie_refused(name, "sketch", kind, data)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -561,10 +549,7 @@ def test_a_lying_array_beside_an_evaluation_changes_no_model(
 
 # --- RelayStrategy's engine without a strategy ------------------------------------------
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("kind", LIE_KINDS)
-@MORE_LIES
-@given(data=st.data())
+@each_lie(MORE_LIES)
 def test_a_relay_never_hands_a_lie_on_and_blames_the_liar(kind: str,
                                                           data: st.DataObject) -> None:
     rewrite = data.draw(lying_reply(kind))
@@ -637,10 +622,10 @@ def test_the_registry_takes_the_histogram_length_the_caller_gives() -> None:
 
 
 def stocfl_sketches(sketch_dim: int, handlers: dict[int, Callable[[Message], Message]]
-                    ) -> tuple[StoCFL, list[str]]:
-    strategy = StoCFL(min_available_nodes=len(handlers), train_timeout=TIMEOUT,
-                      query_timeout=TIMEOUT, seed=0, sketch_dim=sketch_dim,
-                      fraction_evaluate=0.0)
+                    ) -> tuple[exported.StoCFL, list[str]]:
+    strategy = exported.StoCFL(min_available_nodes=len(handlers), train_timeout=TIMEOUT,
+                               query_timeout=TIMEOUT, seed=0, sketch_dim=sketch_dim,
+                               fraction_evaluate=0.0)
     with flwr_warnings() as lines:
         strategy.start(FakeGrid(handlers), INITIAL, num_rounds=1, timeout=TIMEOUT)
     return strategy, list(lines)

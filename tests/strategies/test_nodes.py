@@ -6,11 +6,15 @@ import logging
 import time
 
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import Message, MetricRecord, RecordDict
 
-from fakegrid import FakeGrid
-from fedgsp_flwr.strategies.nodes import (HookSupport, NodeRegistry, collect_reply_list,
-                                         missing_handler)
+from fedgsp_flwr.strategies.nodes import (
+    HookSupport,
+    NodeRegistry,
+    collect_reply_list,
+    missing_handler,
+)
 
 
 def node(*types: str):
@@ -51,7 +55,7 @@ def test_a_present_hook_is_probed_once_then_sent_to_all() -> None:
     mixed = messages("train", range(2)) + messages("query.x", range(4))
     replies = hooks.collect(grid, mixed, timeout=5)
     assert all(r is not None and not r.has_error() for r in replies)
-    assert [t for _, _, t, _ in grid.pushed][0] == "query.x", "the probe goes first"
+    assert next(t for _, _, t, _ in grid.pushed) == "query.x", "the probe goes first"
     assert hooks.has("query.x") and "query.x" in hooks.present
 
 
@@ -65,7 +69,7 @@ def test_nodes_without_the_hook_among_nodes_with_it_are_answered_one_by_one() ->
 
 def test_replies_stay_aligned_when_the_grid_refuses_a_push() -> None:
     class Refusing(FakeGrid):
-        def push_messages(self, messages):  # noqa: ANN001, ANN201 - Grid interface
+        def push_messages(self, messages):
             kept = [m for m in messages if m.metadata.dst_node_id != 1]  # node 1 left
             return super().push_messages(kept)
 
@@ -79,7 +83,7 @@ def test_the_timeout_counts_from_the_end_of_the_push() -> None:
     """As Flower's ``send_and_receive``: a slow push (many large messages; here a grid
     that takes 0.4 s to take them) does not eat the nodes' time to answer."""
     class SlowPush(FakeGrid):
-        def push_messages(self, messages):  # noqa: ANN001, ANN201 - Grid interface
+        def push_messages(self, messages):
             time.sleep(0.4)
             return super().push_messages(messages)
 

@@ -10,19 +10,21 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import plain_clientapp
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
+from helpers import make_context, run_rounds
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies import (
     CFL,
+    IDA,
     IFCA,
     Ditto,
-    IDA,
     FedAdagrad,
     FedAdam,
     FedAvg,
@@ -37,8 +39,6 @@ from fedgsp_flwr.strategies import (
     StoCFL,
     TrainingStalled,
 )
-from helpers import make_context, run_rounds
-import plain_clientapp
 
 NODES = 6
 LR = 0.5
@@ -245,7 +245,7 @@ def test_a_round_that_trains_nothing_keeps_the_previous_model(name: str) -> None
 
     result = strategy.start(grid, initial(), num_rounds=2, timeout=30,
                             train_config=ConfigRecord({"lr": LR}), evaluate_fn=evaluate_fn)
-    for key in models[1].keys():
+    for key in models[1]:
         np.testing.assert_array_equal(models[2][key].numpy(), models[1][key].numpy())
         np.testing.assert_array_equal(result.arrays[key].numpy(), models[1][key].numpy())
     assert not np.array_equal(models[1]["fc.weight"].numpy(), models[0]["fc.weight"].numpy())

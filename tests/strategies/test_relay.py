@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import pytest
+from fakegrid import FakeGrid
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.strategies.relay import run_relay
 
 START = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
@@ -130,7 +130,7 @@ def test_a_node_without_the_hop_handler_gets_plain_train_from_then_on() -> None:
 
 def test_a_node_that_cannot_be_reached_is_skipped() -> None:
     class GoneGrid(FakeGrid):
-        def push_messages(self, messages):  # noqa: ANN001, ANN201 - Grid interface
+        def push_messages(self, messages):
             messages = list(messages)
             if messages[0].metadata.dst_node_id == 2:
                 raise ConnectionError("node 2 disconnected")
@@ -165,7 +165,7 @@ def test_the_relay_polls_and_never_waits_in_send_and_receive() -> None:
     each hop and polls for its reply itself, forwarding it as soon as it is there.
     """
     class NoBlockingGrid(FakeGrid):
-        def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001, ANN201
+        def send_and_receive(self, messages, *, timeout=None):
             raise AssertionError("the relay must not block in send_and_receive")
 
     grid = NoBlockingGrid({n: adder(1) for n in range(1, 6)}, delays={n: 0.05 for n in range(1, 6)})

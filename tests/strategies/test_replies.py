@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-
 from fakegrid import FakeGrid, partition_node
-from fedgsp_flwr.strategies import FedAvg, FedProx, aggregate_metrics, filter_replies
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from helpers import instruction
+
+from fedgsp_flwr.strategies import FedAvg, FedProx, aggregate_metrics, filter_replies
 
 REFERENCE = ArrayRecord({"w": Array(np.zeros((2, 2), np.float32)),
                          "b": Array(np.zeros(2, np.float32))})

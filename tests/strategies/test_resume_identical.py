@@ -33,12 +33,12 @@ from typing import Any, cast
 import numpy as np
 import pytest
 import torch
+from fakegrid import FakeGrid
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
-import fedgsp_flwr.strategies as strategies
-from fakegrid import FakeGrid
+from fedgsp_flwr import strategies
 from fedgsp_flwr.app.checkpoint import (
     Checkpoint,
     ResumedRounds,
@@ -280,7 +280,7 @@ def assert_identical(got: Any, expected: Any, where: str, why: str = "") -> None
 
 def first_difference(got: list[Any], expected: list[Any]) -> str:
     """Where two message lists part, for a failure's text ('' if they do not)."""
-    for i, (a, b) in enumerate(zip(got, expected)):
+    for i, (a, b) in enumerate(zip(got, expected, strict=False)):
         if a != b:
             return (f"; the resumed run's message {i} after the checkpoint is "
                     f"(partition, type, num-threads) = {a}, the uninterrupted run's {b}")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-
 from fakegrid import FakeGrid
-from fedgsp_flwr.strategies.semifl import SemiFL, load_cluster_assignment
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from helpers import run_rounds
+
+from fedgsp_flwr.strategies.semifl import SemiFL, load_cluster_assignment
 
 CLASSES = 3
 

@@ -8,9 +8,10 @@ import logging
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-
 from fakegrid import FakeGrid
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from helpers import logistic, node_app, run_rounds
+
 from fedgsp_flwr.clients import HANDLERS
 from fedgsp_flwr.clients.sketches import compute_sketch, project
 from fedgsp_flwr.data import ClientData
@@ -18,7 +19,6 @@ from fedgsp_flwr.models import build_model
 from fedgsp_flwr.strategies import FedAvg, StoCFL
 from fedgsp_flwr.strategies.state import generator_state
 from fedgsp_flwr.training import normalized_gradient, train
-from helpers import logistic, node_app, run_rounds
 
 CLASSES = 4
 
@@ -384,7 +384,7 @@ def test_projection_preserves_cosines() -> None:
     mixed = base + rng.normal(size=(6, 50_000)) * np.linspace(0.2, 3, 6)[:, None]
     raw = np.stack([base[0], *mixed])
     proj = np.stack([project(v, 2048, seed=3) for v in raw]).astype(np.float64)
-    cos = lambda m: (m / np.linalg.norm(m, axis=1, keepdims=True)) @ (  # noqa: E731
+    cos = lambda m: (m / np.linalg.norm(m, axis=1, keepdims=True)) @ (
         m / np.linalg.norm(m, axis=1, keepdims=True)).T
     assert np.abs(cos(raw) - cos(proj)).max() < 0.06
     assert not np.allclose(project(raw[0], 2048, seed=3), project(raw[0], 2048, seed=4))

@@ -9,19 +9,19 @@ import random
 from typing import Any
 
 import numpy as np
+import plain_clientapp
 import pytest
 import torch
+from fakegrid import FakeGrid
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from helpers import make_context, run_rounds
 from torch import nn
 
-from fakegrid import FakeGrid
 from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.fusion import load_model
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies import FedAvg, FedFusion, FedMMD
-from helpers import make_context, run_rounds
-import plain_clientapp
 
 NODES = 5
 SETTINGS = {"lr": 0.1, "local-epochs": 1, "batch-size": 10}
@@ -146,7 +146,7 @@ def test_fedfusion_carries_and_trains_the_module_with_the_model(operator: str) -
     sent = pushed(grid, "train.fedfusion")
     assert len(sent) == 2 * NODES
     first = sent[0][1].content["arrays"]
-    fusion = [k for k in first.keys() if k.startswith("fusion.")]
+    fusion = [k for k in first if k.startswith("fusion.")]
     assert fusion and list(first.keys())[: len(initial())] == list(initial().keys())
     assert list(result.arrays.keys()) == list(first.keys())
     assert all(not np.array_equal(result.arrays[k].numpy(), first[k].numpy())
@@ -216,11 +216,11 @@ def test_an_app_with_its_own_evaluate_scores_the_model_it_can_load(
     assert entry["fusion-clients"] == NODES and entry["eval-rejected"] == 0
     assert entry["eval-replies"] == NODES and "eval_acc" in entry
     assert kinds(grid).count("evaluate.fedfusion") == 1  # the probe only
-    assert all(not any(k.startswith("fusion.") for k in m.content["arrays"].keys())
+    assert all(not any(k.startswith("fusion.") for k in m.content["arrays"])
                for _, m in pushed(grid, "evaluate"))
     warnings = [r.getMessage() for r in caplog.records if "evaluate.fedfusion" in r.getMessage()]
     assert len(warnings) == 1 and "score the base model" in warnings[0]
-    assert any(k.startswith("fusion.") for k in result.arrays.keys())
+    assert any(k.startswith("fusion.") for k in result.arrays)
 
 
 def test_in_a_mixed_federation_plain_nodes_leave_the_module_as_sent() -> None:
@@ -233,7 +233,7 @@ def test_in_a_mixed_federation_plain_nodes_leave_the_module_as_sent() -> None:
     plain_messages = [m for node, m in pushed(grid, "train") + pushed(grid, "evaluate")
                       if node == 3]
     assert plain_messages and all(
-        not any(k.startswith("fusion.") for k in m.content["arrays"].keys())
+        not any(k.startswith("fusion.") for k in m.content["arrays"])
         for m in plain_messages)
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import quickstart_app
 
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.federation import LocalFederation
 from fedgsp_flwr.tools.launcher import RunOutcome, is_running
-from helpers import quickstart_app
 
 pytestmark = pytest.mark.deployment
 
@@ -214,7 +214,7 @@ def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
 def test_a_node_killed_mid_stocfl_round_is_skipped_and_a_returning_node_rejoins(
         tmp_path: Path) -> None:
     with LocalFederation(APP_DIR, tmp_path / "fed") as fed:
-        rounds, log, victim_log = crash_and_return(
+        rounds, _log, victim_log = crash_and_return(
             fed, {"strategy": "stocfl", "query-timeout": 30.0},
             tmp_path / "results", "train.bilevel", nth=0)
     # Round 1 completes with the two other replies within the round's timeout.

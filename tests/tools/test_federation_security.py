@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import pytest
 
@@ -139,7 +139,7 @@ class RecordingFederation:
     """Stands in for LocalFederation in ``main``: records how it was made, starts
     nothing; its SuperLink has already exited, so ``main`` returns at once."""
 
-    made: list[dict[str, Any]] = []
+    made: ClassVar[list[dict[str, Any]]] = []
 
     class _Exited:
         def poll(self) -> int:
@@ -151,7 +151,7 @@ class RecordingFederation:
         self.address, self.folder, self.home = "127.0.0.1:1", Path(home), Path(home)
         self.superlink = self._Exited()
 
-    def __enter__(self) -> RecordingFederation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

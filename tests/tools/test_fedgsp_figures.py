@@ -63,7 +63,7 @@ def test_kappa_rows_sum_the_cost_model_and_normalise_by_the_largest(tmp_path: Pa
     spec = ('name = "k"\n[run-config]\nstrategy = "fedgsp"\n'
             '[strategies.kappa-1]\nfedgsp-kappa = 1.0\n'
             '[strategies.kappa-0p1]\nfedgsp-kappa = 0.1\n')
-    rounds = lambda comp, comm, sent: [  # noqa: E731
+    rounds = lambda comp, comm, sent: [
         {"round": r, "central-acc": 0.5 + r / 10, "central-loss": 1.0 / r,
          "cost-comp-s": comp, "cost-comm-s": comm, "bytes-sent": sent,
          "bytes-received": sent, "round-time": 2.0}
@@ -92,7 +92,7 @@ def test_kappa_rows_sum_the_cost_model_and_normalise_by_the_largest(tmp_path: Pa
 
 def test_kappa_rounds_to_target_need_every_seed_as_the_runners_summary(tmp_path: Path) -> None:
     spec = 'name = "k"\n[strategies.kappa-0p3]\nfedgsp-kappa = 0.3\n'
-    curve = lambda accs: [{"round": r, "central-acc": a}  # noqa: E731
+    curve = lambda accs: [{"round": r, "central-acc": a}
                           for r, a in enumerate(accs, start=1)]
     folder = write_folder(tmp_path / "k", spec, {"kappa-0p3-seed0": curve([0.5, 0.96]),
                                                  "kappa-0p3-seed1": curve([0.5, 0.9])})

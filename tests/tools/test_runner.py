@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar, Self
 
 import pytest
 
@@ -289,12 +290,12 @@ def test_summarize_rewrites_the_tables_and_runs_nothing(
 class FakeSimulation:
     """Stands in for ``LocalSimulation``: records each launch and completes it."""
 
-    launched: list[tuple[str, int]] = []
+    launched: ClassVar[list[tuple[str, int]]] = []
 
     def __init__(self, app_dir: Path, home: Path) -> None:
         pass
 
-    def __enter__(self) -> FakeSimulation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

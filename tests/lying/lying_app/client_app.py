@@ -74,7 +74,7 @@ def lying_array(array: Array, lie: str) -> Array:
     return Array(dtype=array.dtype, shape=tuple(array.shape), stype=array.stype, data=data)
 
 
-def lie_mod(msg: Message, context: Context, call_next) -> Message:  # noqa: ANN001
+def lie_mod(msg: Message, context: Context, call_next) -> Message:
     """Partition ``LIAR`` corrupts the first array of every ArrayRecord of its replies to
     ``train`` and ``train.<x>`` messages (error replies pass as they are).
     """

@@ -76,28 +76,28 @@ class SpyGrid(Grid):
                 self.asked.append({"message-type": kind, "lie": str(lie)})
         return messages
 
-    def set_run(self, run: Any) -> None:  # noqa: D102 - Grid interface
+    def set_run(self, run: Any) -> None:
         self.grid.set_run(run)
 
     @property
-    def run(self) -> Any:  # noqa: D102
+    def run(self) -> Any:
         return self.grid.run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
+                       group_id: str, ttl: float | None = None) -> Message:
         return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
 
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+    def get_node_ids(self) -> Iterable[int]:
         return self.grid.get_node_ids()
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         return self.grid.push_messages(self._record(messages))
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self.grid.pull_messages(message_ids)
 
     def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:  # noqa: D102
+                         timeout: float | None = None) -> Iterable[Message]:
         return self.grid.send_and_receive(self._record(messages), timeout=timeout)
 
 
@@ -110,10 +110,10 @@ def model_check(arrays: ArrayRecord | None, initial: ArrayRecord) -> dict[str, A
         values = {k: a.numpy() for k, a in arrays.items()}
     except Exception as err:  # noqa: BLE001 - a lie that reached the model
         return {"model-ok": False, "model-problem": f"does not decode: {err}"}
-    problems = [f"'{k}' missing" for k in initial.keys() if k not in values]
+    problems = [f"'{k}' missing" for k in initial if k not in values]
     for key, value in values.items():
         declared = arrays[key]
-        ref = initial[key] if key in initial else declared
+        ref = initial.get(key, declared)
         if key not in initial and not key.startswith("fusion."):
             problems.append(f"unexpected array '{key}'")
         if tuple(value.shape) != tuple(ref.shape) or str(value.dtype) != ref.dtype:

@@ -63,7 +63,7 @@ app = make_app()
 # --- the same app with fedgsp-flwr's hooks: these lines are all it takes -------------
 # (the defaults are the settings of the app's own loop, for the training our hooks do:
 # StoCFL's sketches and bi-level update)
-from fedgsp_flwr.clients import ClientHooks, TrainSettings, register_hooks  # noqa: E402
+from fedgsp_flwr.clients import ClientHooks, TrainSettings, register_hooks
 
 app_with_hooks = register_hooks(make_app(), ClientHooks(
     load_data=_node_data, build_model=lambda *_: Net(),

@@ -36,7 +36,7 @@ class Net(nn.Module):
 
 
 @lru_cache(maxsize=1)
-def _bundle(train_examples: int):  # noqa: ANN202 - a DataBundle
+def _bundle(train_examples: int):
     return get_bundle("mnist", str(default_cache_dir()), 0, 1.0, 1.0, 0, train_examples, 2000)
 
 
