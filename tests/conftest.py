@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 from helpers import image_bundle
 
 from fedgsp_flwr.data import DataBundle
 
+if TYPE_CHECKING:
+    from fedgsp_flwr.tools.launcher import LocalSimulation
+
+REPO = Path(__file__).resolve().parents[1]
+
 # Flower 1.41 stamps every new message with the running task's identity; tests build
 # messages outside a task (some at import time), so give the test process one.
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Real federations first, then the simulation engine's runs, then the rest (each
+    file's tests stay in order): in a parallel run (``-n 3 --dist loadfile``, one file at
+    a time per worker) the long files start at once and the short ones fill the gaps,
+    instead of one long file starting last.
+    """
+    def rank(item: pytest.Item) -> int:
+        return (0 if item.get_closest_marker("deployment")
+                else 1 if item.get_closest_marker("e2e") else 2)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture
@@ -27,3 +49,18 @@ def private_data_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ["FEDGSP_DATA_DIR"] = str(tmp_path_factory.mktemp("data-cache"))
+
+
+@pytest.fixture(scope="session")
+def local_simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
+    """One private local SuperLink (simulation mode, own FLWR_HOME and ports) for every
+    end-to-end ``flwr run`` of the session, whatever app it runs (``run(app_dir=...)``).
+
+    Started by the first test that asks for it; stopped with every process under it at
+    the end of the session, also after a test timed out.
+    """
+    from fedgsp_flwr.tools.launcher import LocalSimulation
+
+    with LocalSimulation(REPO, tmp_path_factory.mktemp("flwr-home")) as sim:
+        yield sim
+    assert sim.superlink_pids() == [], "the private SuperLink was not stopped"

@@ -433,7 +433,7 @@ class LocalFederation(FlwrCli):
                            f"(exited: {stopped or 'none'})")
 
     def run(self, run_config: Mapping[str, Any], *, log_path: str | Path,
-            timeout: float = 3600.0) -> RunOutcome:
+            timeout: float = 3600.0, app_dir: str | Path | None = None) -> RunOutcome:
         """Run the app on this federation with ``flwr run <app> <connection> --stream``.
 
         Parameters
@@ -444,6 +444,8 @@ class LocalFederation(FlwrCli):
             File that receives the streamed log.
         timeout : float
             Seconds before the run is stopped and reported as ``timeout``.
+        app_dir : str | Path | None
+            Another Flower app to run than the federation's (``None``: that one).
 
         Returns
         -------
@@ -451,7 +453,7 @@ class LocalFederation(FlwrCli):
             Run id, final status, wall time and log path.
         """
         return self.launch([], run_config, log_path=log_path, timeout=timeout,
-                           connection=CONNECTION)
+                           connection=CONNECTION, app_dir=app_dir)
 
     def pids(self) -> list[int]:
         """PIDs of the running processes this federation started."""

@@ -133,7 +133,8 @@ class FlwrCli:
         self.flwr = str(self.bin_dir / "flwr")
 
     def launch(self, args: list[str], run_config: Mapping[str, Any], *,
-               log_path: str | Path, timeout: float, connection: str = "") -> RunOutcome:
+               log_path: str | Path, timeout: float, connection: str = "",
+               app_dir: str | Path | None = None) -> RunOutcome:
         """Run ``flwr run <app> [connection] --stream --run-config ... <args>`` to its end.
 
         Parameters
@@ -148,6 +149,8 @@ class FlwrCli:
             Seconds before the run is stopped and reported as ``timeout``.
         connection : str
             SuperLink connection of ``FLWR_HOME/config.toml`` ('' for the default).
+        app_dir : str | Path | None
+            Another Flower app to run than ``self.app_dir`` (``None``: that one).
 
         Returns
         -------
@@ -156,12 +159,13 @@ class FlwrCli:
         """
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [self.flwr, "run", str(self.app_dir), *([connection] if connection else []),
+        app = Path(app_dir).resolve() if app_dir is not None else self.app_dir
+        cmd = [self.flwr, "run", str(app), *([connection] if connection else []),
                "--stream", "--run-config", config_string(run_config), *args]
         started = time.perf_counter()
         with log_path.open("w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                    cwd=self.app_dir)
+                                    cwd=app)
             try:
                 proc.wait(timeout=timeout)
                 timed_out = False
@@ -235,6 +239,7 @@ class LocalSimulation(FlwrCli):
         log_path: str | Path,
         client_cpus: float = 1,
         timeout: float = 3 * 3600,
+        app_dir: str | Path | None = None,
     ) -> RunOutcome:
         """Run one simulation to its end and return how it ended.
 
@@ -250,6 +255,9 @@ class LocalSimulation(FlwrCli):
             CPUs reserved per ClientApp (1 lets two clients train at once on 2 cores).
         timeout : float
             Seconds before the run is stopped and reported as ``timeout``.
+        app_dir : str | Path | None
+            Another Flower app to run than ``app_dir`` of the constructor (``None``:
+            that one); the SuperLink runs any app.
 
         Returns
         -------
@@ -258,7 +266,7 @@ class LocalSimulation(FlwrCli):
         """
         federation = f"num-supernodes={num_supernodes} client-resources-num-cpus={client_cpus}"
         return self.launch(["--federation-config", federation], run_config,
-                           log_path=log_path, timeout=timeout)
+                           log_path=log_path, timeout=timeout, app_dir=app_dir)
 
     def superlink_pids(self) -> list[int]:
         """PIDs of the SuperLink serving this simulation's ``FLWR_HOME``."""

@@ -80,14 +80,15 @@ def problems(row: dict[str, Any], liar: int, sound: list[int]) -> list[str]:
     return found
 
 
-def test_every_strategy_completes_against_a_lying_partition(tmp_path: Path) -> None:
+def test_every_strategy_completes_against_a_lying_partition(
+        local_simulation: LocalSimulation, tmp_path: Path) -> None:
     app = tmp_path / "lying"
     shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "out"
-    with LocalSimulation(app, tmp_path / "flwr-home") as sim:
-        outcome = sim.run({"num-server-rounds": ROUNDS, "num-nodes": NODES,
-                           "every-lie": True, "out-dir": str(out)},
-                          num_supernodes=NODES, log_path=tmp_path / "run.log", timeout=900)
+    outcome = local_simulation.run(
+        {"num-server-rounds": ROUNDS, "num-nodes": NODES, "every-lie": True,
+         "out-dir": str(out)},
+        num_supernodes=NODES, log_path=tmp_path / "run.log", timeout=900, app_dir=app)
     print(f"flwr run: {outcome.status} in {outcome.wall_time:.0f} s")
     # flwr run --stream exits 0 on a failed run: the status is `flwr ls`'s
     assert outcome.ok, outcome.cause()

@@ -1,17 +1,19 @@
 """A real federation on 127.0.0.1: flower-superlink, flower-supernode, ``flwr run``.
 
-Every test starts its own SuperLink and SuperNodes as separate processes (runtime
-dependency installation off, each node with its own port and node config) and stops
-exactly those processes, also when it fails. In deployment every message starts a new
-ClientApp process and an idle SuperNode polls every 3 s, so a message takes ~5-9 s here:
-the runs are one round over three nodes.
+The tests start their SuperLink and SuperNodes as separate processes (runtime dependency
+installation off, each node with its own port and node config) and stop exactly those
+processes, also when they fail. In deployment every message starts a new ClientApp
+process and an idle SuperNode polls every 3 s, so a message takes ~5-15 s here: the
+runs are one round over three nodes. The module's secure federation (TLS, SuperNode
+authentication) serves one ``flwr run`` of the test app ``tests/scenarios``, which
+calls the bundled ServerApp once per strategy (a ServerApp process and FAB install a
+run, ~35 s, paid once); the killed-node tests start federations of their own.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from fedgsp_flwr.tools.launcher import RunOutcome, is_running
 pytestmark = pytest.mark.deployment
 
 APP_DIR = Path(__file__).resolve().parents[2]
+SCENARIO_APP = Path(__file__).resolve().parents[1] / "scenarios"
 TINY = {"dataset": "synthetic", "partition": "natural", "batch-size": 16, "lr": 0.1,
         "min-available-nodes": 3, "num-server-rounds": 1, "fraction-evaluate": 0.0}
 # HierFL reads the edges a node reaches, Semi-FL its cluster, from the node config.
@@ -96,136 +99,36 @@ STRATEGY_RUNS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]
 }
 
 
+@pytest.fixture(scope="module")
+def strategy_runs(secure_federation: LocalFederation) -> tuple[RunOutcome, Path]:
+    """One round of every strategy of STRATEGY_RUNS, in one ``flwr run`` of the scenario
+    app (the bundled ServerApp once per strategy, the bundled ClientApp on the nodes).
+    """
+    folder = secure_federation.folder / "strategies"
+    app = folder / "app"
+    shutil.copytree(SCENARIO_APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    scenarios = [{"name": name, "run-config": {
+        **TINY, **overrides, "strategy": name, "results-dir": str(folder / "results"),
+        "run-name": name}} for name, (overrides, _check) in STRATEGY_RUNS.items()]
+    (folder / "scenarios.json").write_text(json.dumps(scenarios))
+    outcome = secure_federation.run(
+        {"dataset": "synthetic", "partition": "natural",
+         "scenarios-file": str(folder / "scenarios.json"), "out-dir": str(folder / "out")},
+        log_path=folder / "run.log", timeout=1500, app_dir=app)
+    return outcome, folder
+
+
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
 def test_each_strategy_runs_a_round_on_real_supernodes(
-        secure_federation: LocalFederation, strategy: str) -> None:
-    overrides, check = STRATEGY_RUNS[strategy]
-    folder = secure_federation.folder / "results"
-    outcome = secure_federation.run(
-        {**TINY, **overrides, "strategy": strategy, "results-dir": str(folder),
-         "run-name": strategy},
-        log_path=folder / f"{strategy}.log", timeout=300)
+        strategy_runs: tuple[RunOutcome, Path], strategy: str) -> None:
+    outcome, folder = strategy_runs
     assert outcome.ok, outcome.log_path.read_text()[-3000:]
-    metrics = read_metrics(folder / strategy)
+    row = json.loads((folder / "out" / f"{strategy}.json").read_text())
+    assert row["completed"], f"{row['error']}\n{row['traceback']}"
+    metrics = read_metrics(folder / "results" / strategy)
     assert metrics["status"] == "complete"
+    _overrides, check = STRATEGY_RUNS[strategy]
     assert check(metrics["rounds"][1]), metrics["rounds"][1]
-
-
-def run_in_background(fed: LocalFederation, run_config: dict[str, Any],
-                      log_path: Path, timeout: float) -> Callable[[], RunOutcome]:
-    """Start ``fed.run`` in a thread; return a function that waits for its outcome."""
-    outcome: list[RunOutcome] = []
-    thread = threading.Thread(target=lambda: outcome.append(
-        fed.run(run_config, log_path=log_path, timeout=timeout)), daemon=True)
-    thread.start()
-
-    def wait() -> RunOutcome:
-        thread.join(timeout + 60)
-        assert outcome, "flwr run did not return"
-        return outcome[0]
-
-    return wait
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` every 0.2 s until it is truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-
-
-class ReceiptWatcher:
-    """Names of the nodes whose log shows a message type, in the order they first did."""
-
-    def __init__(self, fed: LocalFederation, message_type: str) -> None:
-        self.fed, self.line = fed, f"Receiving: {message_type} message"
-        self.order: list[str] = []
-
-    def poll(self) -> list[str]:
-        """Look at the logs once; return the order so far."""
-        for node in self.fed.nodes:
-            if node.name not in self.order and self.line in node.log_path.read_text():
-                self.order.append(node.name)
-        return self.order
-
-
-# A live node's reply can take over 20 s here when three ClientApp processes start at
-# once (round 3 of the killed-node runs): their train-timeout.
-LIVE_REPLY_TIMEOUT = 45.0
-
-
-def crash_and_return(fed: LocalFederation, run_config: dict[str, Any], folder: Path,
-                     message_type: str, nth: int) -> tuple[list[dict[str, Any]], str, str]:
-    """Run three rounds (``train-timeout`` LIVE_REPLY_TIMEOUT); SIGKILL the ``nth`` node
-    to receive ``message_type`` (while it works on it), restart it once round 1 is over
-    (a new process and node id).
-
-    Returns
-    -------
-    tuple[list[dict[str, Any]], str, str]
-        The rounds' metrics, the streamed log, the restarted node's log.
-    """
-    for config in NODE_CONFIGS:
-        fed.add_node(config)
-    fed.wait_for_nodes(3)
-    wait = run_in_background(
-        fed, {**TINY, "train-timeout": LIVE_REPLY_TIMEOUT, **run_config,
-              "num-server-rounds": 3, "min-available-nodes": 2,
-              "results-dir": str(folder), "run-name": "fault"},
-        folder / "fault.log", timeout=480)
-    watcher = ReceiptWatcher(fed, message_type)
-    order = wait_until(lambda: len(watcher.poll()) > nth and watcher.order, 180,
-                       f"{message_type} number {nth + 1}")
-    victim = next(n for n in fed.nodes if n.name == order[nth])
-    fed.kill_node(victim)
-    wait_until(lambda: (folder / "fault" / "metrics.json").exists() and len(
-        read_metrics(folder / "fault")["rounds"]) >= 2, 240, "the end of round 1")
-    fed.restart_node(victim)
-    outcome = wait()
-    assert outcome.ok, outcome.log_path.read_text()[-3000:]
-    rounds = read_metrics(folder / "fault")["rounds"]
-    assert len(rounds) == 4
-    return rounds, outcome.log_path.read_text(), victim.log_path.read_text()
-
-
-def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
-        tmp_path: Path) -> None:
-    with LocalFederation(APP_DIR, tmp_path / "fed") as fed:
-        # Round 1 is one chain over the three nodes: the second hop's node dies.
-        rounds, log, victim_log = crash_and_return(
-            fed, {"strategy": "fedgsp", "fedgsp-kappa": 1.0, "query-timeout": 20.0},
-            tmp_path / "results", "train", nth=1)
-    # Round 1: the lost hop is skipped and the first hop's model goes on to the third.
-    assert rounds[1]["hops"] == 3 and rounds[1]["skipped-nodes"] == 1
-    assert rounds[1]["groups-trained"] == 1
-    assert "skipped node" in log and "its model goes on" in log
-    assert rounds[1]["central-acc"] > rounds[0]["central-acc"]
-    # The dead node is never chained again; the returning one answers a histogram
-    # query and trains by the last round.
-    assert [r["skipped-nodes"] for r in rounds[2:]] == [0, 0]
-    assert rounds[3]["hops"] == 3
-    assert "Receiving: query.histogram" in victim_log
-    assert "Receiving: train message" in victim_log
-
-
-def test_a_node_killed_mid_stocfl_round_is_skipped_and_a_returning_node_rejoins(
-        tmp_path: Path) -> None:
-    with LocalFederation(APP_DIR, tmp_path / "fed") as fed:
-        rounds, _log, victim_log = crash_and_return(
-            fed, {"strategy": "stocfl", "query-timeout": 30.0},
-            tmp_path / "results", "train.bilevel", nth=0)
-    # Round 1 completes with the two other replies within the round's timeout.
-    assert rounds[1]["train-replies"] == 2 and rounds[1]["train-rejected"] == 1
-    assert rounds[1]["central-acc"] > rounds[0]["central-acc"]
-    # The dead node is not sampled again; the returning one is sketched anew,
-    # clustered and trains by the last round.
-    assert [r["train-rejected"] for r in rounds[2:]] == [0, 0]
-    assert rounds[3]["train-replies"] == 3
-    assert "Receiving: query.sketch" in victim_log
-    assert "Receiving: train.bilevel" in victim_log
 
 
 def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
