@@ -22,19 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Real federations first, then the simulation engine's runs, then the rest (each
-    file's tests stay in order): in a parallel run (``-n 3 --dist loadfile``, one file at
-    a time per worker) the long files start at once and the short ones fill the gaps,
-    instead of one long file starting last.
-    """
-    def rank(item: pytest.Item) -> int:
-        return (0 if item.get_closest_marker("deployment")
-                else 1 if item.get_closest_marker("e2e") else 2)
-
-    items.sort(key=rank)
-
-
 @pytest.fixture
 def bundle() -> DataBundle:
     return image_bundle()

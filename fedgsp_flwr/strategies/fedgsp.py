@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.common.logger import log
@@ -160,6 +160,12 @@ class FedGSP(RelayStrategy):
         # Random grouping asks for histograms too: its CPD is reported.
         nodes = self.known.reachable(grid, connected)
         self._connected = len(nodes)
+        if not nodes:
+            log(WARNING, "FedGSP round %d: none of the %d connected node(s) answered its "
+                "histogram query within query-timeout=%gs: no group trains this round "
+                "(nodes slow to start need a longer query-timeout)", server_round,
+                len(connected), self.query_timeout)
+            return [], {"num-groups": 0}
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
                                               self.beta, len(nodes)), len(nodes))
         options = {"grouping": self.grouping, "max_iter": self.icg_iterations,

@@ -173,6 +173,12 @@ class FlwrCli:
                 proc.kill()
                 proc.wait()
                 timed_out = True
+            except BaseException:  # Ctrl-C, a test's timeout: leave no run going on
+                proc.kill()
+                proc.wait()
+                if match := RUN_ID_PATTERN.search(log_path.read_text(errors="replace")):
+                    self.cli("stop", match.group(1), *([connection] if connection else []))
+                raise
         match = RUN_ID_PATTERN.search(log_path.read_text(errors="replace"))
         run_id = match.group(1) if match else None
         if run_id is None:

@@ -232,3 +232,29 @@ def test_a_static_group_skips_a_node_that_left_and_takes_a_new_one() -> None:
     third = chains_by_round(naive)["1"]
     # 20 (partition 20) joins the smallest group (the one that lost a node), 21 the first
     assert third == [first[0] + [21], first[1][1:] + [20], first[2]]
+
+
+def test_a_round_where_no_node_answers_its_histogram_query_trains_nothing(caplog) -> None:
+    """Nodes too slow to answer their first histogram query in time (ClientApps still
+    starting) leave FedGSP no node to group in round 1: that round trains nothing and
+    says why, instead of failing in the growth function; asked again, they train.
+    """
+    grid = grid_of(list(range(4)))
+    answers, asked = dict(grid.handlers), set()
+
+    def slow_first_query(message, node):
+        if message.metadata.message_type == "query.histogram" and node not in asked:
+            asked.add(node)
+            return None
+        return answers[node](message)
+
+    for node in range(4):
+        grid.handlers[node] = lambda message, node=node: slow_first_query(message, node)
+    strategy = FedGSP(num_groups=1, kappa=1.0, seed=0, fraction_evaluate=0.0,
+                      train_timeout=0.3, query_timeout=0.3)
+    with caplog.at_level("WARNING", logger="flwr"):
+        start(strategy, grid, rounds=2)
+    assert strategy.history[1]["hops"] == 0 and strategy.history[1]["num-groups"] == 0
+    assert any("none of the 4 connected node(s) answered its histogram query" in r.message
+               for r in caplog.records)
+    assert strategy.history[2]["hops"] == 4 and strategy.history[2]["groups-trained"] == 1

@@ -118,6 +118,9 @@ def strategy_runs(secure_federation: LocalFederation) -> tuple[RunOutcome, Path]
     return outcome, folder
 
 
+# The first test waits for the whole run (its fixture): nine strategies, ~7 min quiet,
+# more beside the other test files.
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
 def test_each_strategy_runs_a_round_on_real_supernodes(
         strategy_runs: tuple[RunOutcome, Path], strategy: str) -> None:

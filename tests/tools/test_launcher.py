@@ -58,3 +58,50 @@ def test_close_kills_the_serverapp_before_any_clientapp_is_stopped(tmp_path: Pat
     finally:
         if superlink.poll() is None:
             superlink.kill()
+
+
+# `flwr`: `run` prints a run id and streams on; `stop <id>` leaves a note of the id.
+FAKE_FLWR = """#!{python}
+import sys, time
+from pathlib import Path
+if sys.argv[1] == "stop":
+    (Path(__file__).parent / "stopped").write_text(sys.argv[2])
+else:
+    print("Successfully started run 42", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_an_interrupted_launch_kills_its_flwr_run_and_stops_the_run(tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """A test's timeout (or Ctrl-C) inside launch() leaves no `flwr run` streaming and
+    asks the SuperLink to stop the run."""
+    from fedgsp_flwr.tools.launcher import FlwrCli
+
+    fake = tmp_path / "bin" / "flwr"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_FLWR.format(python=sys.executable))
+    fake.chmod(0o755)
+    cli = FlwrCli(tmp_path, tmp_path / "home")
+    cli.flwr = str(fake)
+    log, started = tmp_path / "run.log", []
+    wait = subprocess.Popen.wait
+
+    def interrupted_wait(self, timeout=None):
+        if timeout is None or started:
+            return wait(self, timeout)
+        started.append(self)
+        deadline = time.monotonic() + 30
+        while "started run 42" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess.Popen, "wait", interrupted_wait)
+    try:
+        cli.launch([], {}, log_path=log, timeout=60)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interruption did not reach the caller")
+    assert started and started[0].poll() is not None, "flwr run still streaming"
+    assert (fake.parent / "stopped").read_text() == "42"
