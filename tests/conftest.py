@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
-from helpers import image_bundle
+from helpers import REPO, image_bundle
 
 from fedgsp_flwr.data import DataBundle
 
 if TYPE_CHECKING:
     from fedgsp_flwr.tools.launcher import LocalSimulation
 
-REPO = Path(__file__).resolve().parents[1]
 
 # Flower 1.41 stamps every new message with the running task's identity; tests build
 # messages outside a task (some at import time), so give the test process one.

@@ -4,6 +4,7 @@ handlers, and a strategy's rounds on a fake grid.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -99,6 +100,20 @@ def run_rounds(strategy: Any, grid: Any, initial: ArrayRecord, rounds: int,
 
 
 QUICKSTART = Path(__file__).resolve().parent / "quickstart"
+REPO = Path(__file__).resolve().parent.parent
+# One round over three real SuperNodes, the smallest data (tests/tools/test_deployment*.py).
+DEPLOYMENT_RUN: dict[str, Any] = {
+    "dataset": "synthetic", "partition": "natural", "batch-size": 16, "lr": 0.1,
+    "min-available-nodes": 3, "num-server-rounds": 1, "fraction-evaluate": 0.0}
+
+
+def completed_scenario(out: Path, name: str) -> dict[str, Any]:
+    """The row that the test app tests/scenarios wrote for scenario ``name`` into
+    ``out``, asserting that the scenario completed (else its error and traceback).
+    """
+    row: dict[str, Any] = json.loads((out / f"{name}.json").read_text())
+    assert row["completed"], f"{name}: {row['error']}\n{row['traceback']}"
+    return row
 
 
 def quickstart_app(folder: Path, hooks: bool = False) -> Path:

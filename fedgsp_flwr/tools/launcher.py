@@ -82,6 +82,12 @@ def failure_cause(log: str) -> str | None:
     return lines[-1].strip() if lines else None
 
 
+def logged_run_id(log_path: Path) -> str | None:
+    """The run id ``flwr run`` printed into its log, ``None`` if it did not start one."""
+    match = RUN_ID_PATTERN.search(log_path.read_text(errors="replace"))
+    return match.group(1) if match else None
+
+
 def toml_value(value: Any) -> str:
     """Render a run-config value as the TOML literal ``--run-config`` expects."""
     if isinstance(value, bool):
@@ -169,26 +175,27 @@ class FlwrCli:
             try:
                 proc.wait(timeout=timeout)
                 timed_out = False
-            except subprocess.TimeoutExpired:
+            except BaseException as err:  # our timeout; Ctrl-C or a test's timeout
                 proc.kill()
                 proc.wait()
+                if not isinstance(err, subprocess.TimeoutExpired):
+                    self._stop(logged_run_id(log_path), connection)  # leave no run going on
+                    raise
                 timed_out = True
-            except BaseException:  # Ctrl-C, a test's timeout: leave no run going on
-                proc.kill()
-                proc.wait()
-                if match := RUN_ID_PATTERN.search(log_path.read_text(errors="replace")):
-                    self.cli("stop", match.group(1), *([connection] if connection else []))
-                raise
-        match = RUN_ID_PATTERN.search(log_path.read_text(errors="replace"))
-        run_id = match.group(1) if match else None
+        run_id = logged_run_id(log_path)
         if run_id is None:
             status = "not-started"
         elif timed_out:
-            self.cli("stop", run_id, *([connection] if connection else []))
+            self._stop(run_id, connection)
             status = "timeout"
         else:
             status = self.status(run_id, connection)
         return RunOutcome(run_id, status, time.perf_counter() - started, log_path)
+
+    def _stop(self, run_id: str | None, connection: str) -> None:
+        """Ask the SuperLink to stop run ``run_id`` (nothing if it never started)."""
+        if run_id is not None:
+            self.cli("stop", run_id, *([connection] if connection else []))
 
     def status(self, run_id: str, connection: str = "") -> str:
         """Return Flower's status of a run (``unknown`` if it cannot be read)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import completed_scenario
 
 import simulation
 from fedgsp_flwr.app.results import is_complete, read_metrics
@@ -50,24 +51,25 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 class Scenarios:
     """The shared run: its outcome, and each scenario's results folder and log lines."""
 
-    def __init__(self, outcome: RunOutcome, out: Path, results: Path) -> None:
-        self.outcome, self.out, self.results = outcome, out, results
+    def __init__(self, outcome: RunOutcome, out: Path) -> None:
+        self.outcome, self.out = outcome, out
+
+    def row(self, name: str) -> dict[str, Any]:
+        """The scenario's row, once the run and the scenario completed."""
+        assert self.outcome.ok, self.outcome.cause()
+        return completed_scenario(self.out, name)
 
     def folder(self, name: str) -> Path:
-        """The scenario's results folder, once it completed."""
-        assert self.outcome.ok, self.outcome.cause()
-        row = json.loads((self.out / f"{name}.json").read_text())
-        assert row["completed"], f"{name}: {row['error']}\n{row['traceback']}"
-        return Path(row["folder"])
+        """The scenario's results folder."""
+        return Path(self.row(name)["folder"])
 
     def metrics(self, name: str) -> dict[str, Any]:
         """The scenario's metrics as it left them (a later scenario may resume it)."""
-        self.folder(name)
-        return json.loads((self.out / f"{name}.json").read_text())["metrics"]
+        return self.row(name)["metrics"]
 
     def lines(self, name: str) -> str:
         """The ``flwr`` log lines of the scenario, one per line."""
-        return "\n".join(json.loads((self.out / f"{name}.json").read_text())["lines"])
+        return "\n".join(self.row(name)["lines"])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def scenarios(local_simulation: LocalSimulation,
          "out-dir": str(folder / "out")},
         num_supernodes=NODES, log_path=folder / "run.log", timeout=900, app_dir=app)
     print(f"scenarios: {outcome.status} in {outcome.wall_time:.0f} s")
-    return Scenarios(outcome, folder / "out", results)
+    return Scenarios(outcome, folder / "out")
 
 
 def test_flwr_run_trains_and_writes_the_results_folder(scenarios: Scenarios) -> None:

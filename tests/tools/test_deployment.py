@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import quickstart_app
+from helpers import DEPLOYMENT_RUN as TINY
+from helpers import REPO as APP_DIR
+from helpers import completed_scenario, quickstart_app
 
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.federation import LocalFederation
@@ -27,10 +29,7 @@ from fedgsp_flwr.tools.launcher import RunOutcome, is_running
 
 pytestmark = pytest.mark.deployment
 
-APP_DIR = Path(__file__).resolve().parents[2]
 SCENARIO_APP = Path(__file__).resolve().parents[1] / "scenarios"
-TINY = {"dataset": "synthetic", "partition": "natural", "batch-size": 16, "lr": 0.1,
-        "min-available-nodes": 3, "num-server-rounds": 1, "fraction-evaluate": 0.0}
 # HierFL reads the edges a node reaches, Semi-FL its cluster, from the node config.
 NODE_CONFIGS = [
     {"partition-id": 0, "num-partitions": 3, "edges": "0", "cluster-id": 0},
@@ -126,8 +125,7 @@ def test_each_strategy_runs_a_round_on_real_supernodes(
         strategy_runs: tuple[RunOutcome, Path], strategy: str) -> None:
     outcome, folder = strategy_runs
     assert outcome.ok, outcome.log_path.read_text()[-3000:]
-    row = json.loads((folder / "out" / f"{strategy}.json").read_text())
-    assert row["completed"], f"{row['error']}\n{row['traceback']}"
+    completed_scenario(folder / "out", strategy)
     metrics = read_metrics(folder / "results" / strategy)
     assert metrics["status"] == "complete"
     _overrides, check = STRATEGY_RUNS[strategy]

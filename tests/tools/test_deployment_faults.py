@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import DEPLOYMENT_RUN as TINY
+from helpers import REPO as APP_DIR
 
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.federation import LocalFederation
@@ -23,9 +25,6 @@ from fedgsp_flwr.tools.launcher import RunOutcome
 
 pytestmark = pytest.mark.deployment
 
-APP_DIR = Path(__file__).resolve().parents[2]
-TINY = {"dataset": "synthetic", "partition": "natural", "batch-size": 16, "lr": 0.1,
-        "min-available-nodes": 3, "num-server-rounds": 1, "fraction-evaluate": 0.0}
 NODE_CONFIGS = [
     {"partition-id": 0, "num-partitions": 3},
     {"partition-id": 1, "num-partitions": 3},
