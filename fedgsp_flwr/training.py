@@ -98,7 +98,7 @@ def train(
     center = model if proximal_center is None else proximal_center
     anchor = [p.detach().clone() for p in center.parameters()] if proximal_mu > 0 else []
     buffers = [torch.empty_like(a) for a in anchor]
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    optimizer = SGD(list(model.parameters()), lr=lr, momentum=momentum)
     criterion = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(seed)
     model.train()
@@ -126,6 +126,50 @@ def train(
             optimizer.step()
             taken += 1
     return TrainResult(loss=total / seen, num_examples=len(y_t), steps=taken)
+
+
+class SGD:
+    """``torch.optim.SGD``'s step on CPU (no weight decay, dampening or Nesterov), bit
+    for bit, without building a torch optimizer.
+
+    Building any ``torch.optim`` optimizer imports ``torch._dynamo``: ~3 s of CPU in each
+    new process, and a deployment SuperNode starts a ClientApp process per message.
+
+    Parameters
+    ----------
+    params : list[torch.Tensor]
+        The parameters to update (those without a gradient at a step are skipped).
+    lr, momentum : float
+        Learning rate and momentum (the momentum buffer starts as the first gradient).
+    """
+
+    def __init__(self, params: list[torch.Tensor], *, lr: float, momentum: float = 0.0
+                 ) -> None:
+        self.params, self.lr, self.momentum = params, lr, momentum
+        self.buffers: list[torch.Tensor | None] = [None] * len(params)
+
+    def zero_grad(self) -> None:
+        """Drop every gradient (``set_to_none``, torch's default)."""
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        """One update ``p -= lr * g``, with ``g`` the momentum buffer if momentum is set."""
+        import torch
+
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                if self.momentum != 0:
+                    buffer = self.buffers[i]
+                    if buffer is None:
+                        buffer = self.buffers[i] = grad.detach().clone()
+                    else:
+                        buffer.mul_(self.momentum).add_(grad, alpha=1)
+                    grad = buffer
+                p.add_(grad, alpha=-self.lr)
 
 
 def add_proximal_gradient(

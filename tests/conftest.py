@@ -1,9 +1,10 @@
-"""Shared fixtures."""
+"""Shared fixtures; the two groups of a parallel run."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
@@ -13,6 +14,66 @@ from fedgsp_flwr.data import DataBundle
 
 if TYPE_CHECKING:
     from fedgsp_flwr.tools.launcher import LocalSimulation
+
+
+# The tests that start Flower (a local SuperLink with Ray, or real SuperNodes): files, or
+# single tests as "file::name". Checked against the e2e and deployment marks at collection.
+FLOWER_TESTS = (
+    "tests/app/test_lying_partition_e2e.py",
+    "tests/app/test_quickstart_e2e.py",
+    "tests/app/test_simulation_e2e.py",
+    "tests/tools/test_deployment.py",
+    "tests/tools/test_deployment_faults.py",
+    "tests/tools/test_federation_security.py::test_sigterm_stops_a_real_secure_federation",
+)
+FLOWER_MARKS = ("e2e", "deployment")
+
+
+def starts_flower(nodeid: str) -> bool:
+    """Whether the test ``nodeid`` is one of FLOWER_TESTS."""
+    return any(nodeid == t or nodeid.startswith(t + "::") for t in FLOWER_TESTS)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test marked e2e or deployment that FLOWER_TESTS does not list."""
+    unlisted = [item.nodeid for item in items if not starts_flower(item.nodeid)
+                and any(item.get_closest_marker(mark) for mark in FLOWER_MARKS)]
+    if unlisted:
+        raise pytest.UsageError(f"add these Flower tests to FLOWER_TESTS in tests/conftest.py"
+                                f": {unlisted}")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (pytest-xdist, ``-n 2``): two groups, the Flower tests one
+    after another on one worker, every other test on the other. (pytest-xdist's own
+    ``xdist_group`` marks do not group under pytest 9.2: a node id is no longer a string
+    it can append the group to.)
+
+    Flower runs beside each other fail on 2 cores (two Ray engines, hop timeouts); the
+    rest fills the CPU they leave idle (polls, process starts), at a lower priority.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FlowerOrNot(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "flower" if starts_flower(nodeid) else "units"
+
+    return FlowerOrNot(config, log)
+
+
+_niced = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On a pytest-xdist worker, run the tests that start no Flower at nice 19: the
+    Flower runs' waits and timeouts then see an otherwise quiet machine.
+    """
+    global _niced
+    if not _niced and "PYTEST_XDIST_WORKER" in os.environ and not starts_flower(item.nodeid):
+        os.nice(19)
+        _niced = True
 
 
 # Flower 1.41 stamps every new message with the running task's identity; tests build

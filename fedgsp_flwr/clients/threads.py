@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-import torch  # noqa: F401  # loaded before any handler, so that thread_limit sets it
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
@@ -55,7 +54,10 @@ def threads_mod(message: Message, context: Context, call_next: ClientAppCallable
     >>> from flwr.clientapp import ClientApp
     >>> app = ClientApp(mods=[threads_mod])
     """
-    with thread_limit(message_threads(message, context)):
+    threads = message_threads(message, context)
+    if threads is not None:
+        import torch  # noqa: F401  # loaded before the handler, so that thread_limit sets it
+    with thread_limit(threads):
         return call_next(message, context)
 
 

@@ -117,6 +117,28 @@ def test_one_full_batch_step_per_user_averaged_is_one_pooled_step() -> None:
     np.testing.assert_allclose(averaged, flat(pooled), atol=1e-6)
 
 
+@pytest.mark.parametrize("settings", [
+    {"momentum": 0.0}, {"momentum": 0.9}, {"momentum": 0.5, "proximal_mu": 0.3, "steps": 7}])
+def test_our_sgd_step_is_torch_sgd_bit_for_bit(monkeypatch: pytest.MonkeyPatch,
+                                               settings: dict[str, float]) -> None:
+    from fedgsp_flwr import training
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(90, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 90)
+
+    def trained() -> list[torch.Tensor]:
+        model = build_model("mlp", (5,), 3, seed=0)
+        train(model, x, y, epochs=3, lr=0.05, batch_size=16, seed=4, **settings)
+        return [p.detach().clone() for p in model.parameters()]
+
+    ours = trained()
+    monkeypatch.setattr(training, "SGD", lambda params, lr, momentum: torch.optim.SGD(
+        params, lr=lr, momentum=momentum))
+    theirs = trained()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
 def test_empty_data_is_refused() -> None:
     model = build_model("logistic", (5,), 3)
     with pytest.raises(ValueError, match="empty"):

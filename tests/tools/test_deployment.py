@@ -5,9 +5,10 @@ installation off, each node with its own port and node config) and stop exactly 
 processes, also when they fail. In deployment every message starts a new ClientApp
 process and an idle SuperNode polls every 3 s, so a message takes ~5-15 s here: the
 runs are one round over three nodes. The module's secure federation (TLS, SuperNode
-authentication) serves one ``flwr run`` of the test app ``tests/scenarios``, which
-calls the bundled ServerApp once per strategy (a ServerApp process and FAB install a
-run, ~35 s, paid once); the killed-node tests start federations of their own.
+authentication) serves every test: one ``flwr run`` of the test app ``tests/scenarios``,
+which calls the bundled ServerApp once per strategy (a ServerApp process and FAB install
+a run, ~35 s, paid once), and one of the quickstart app; the killed-node tests start
+federations of their own.
 """
 
 from __future__ import annotations
@@ -133,24 +134,20 @@ def test_each_strategy_runs_a_round_on_real_supernodes(
 
 
 def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
-        tmp_path: Path) -> None:
+        secure_federation: LocalFederation, tmp_path: Path) -> None:
     """Flower's quickstart app (tests/quickstart), our strategies at default arguments,
-    on three real SuperNodes: both train, and a missing hook costs one message each.
+    on the three secure SuperNodes: both train, and a missing hook costs one message each.
     """
-    with LocalFederation(quickstart_app(tmp_path), tmp_path / "fed") as fed:
-        for partition in range(3):
-            fed.add_node({"partition-id": partition, "num-partitions": 3})
-        fed.wait_for_nodes(3)
-        # One round: the hooks are probed in round 1 only (the simulation test runs 3).
-        outcome = fed.run({"strategies": "fedgsp,stocfl", "num-server-rounds": 1,
-                           "train-examples": 3000, "lr": 0.02,
-                           "out-dir": str(tmp_path / "out")},
-                          log_path=tmp_path / "run.log", timeout=900)
-        node_logs = "".join(n.log_path.read_text() for n in fed.nodes)
-        pids = fed.pids()
-        with pytest.raises(RuntimeError, match="already running"):
-            fed.start()
-    assert not any(map(is_running, pids)), f"processes left running: {pids}"
+    fed = secure_federation
+    with pytest.raises(RuntimeError, match="already running"):
+        fed.start()
+    logged = {node.name: len(node.log_path.read_text()) for node in fed.nodes}
+    # One round: the hooks are probed in round 1 only (the simulation test runs 3).
+    outcome = fed.run({"strategies": "fedgsp,stocfl", "num-server-rounds": 1,
+                       "train-examples": 3000, "lr": 0.02, "out-dir": str(tmp_path / "out")},
+                      log_path=tmp_path / "run.log", timeout=900,
+                      app_dir=quickstart_app(tmp_path))
+    node_logs = "".join(n.log_path.read_text()[logged[n.name]:] for n in fed.nodes)
     assert outcome.ok, outcome.cause()
     rows = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "summary.json")
                                                  .read_text())}
