@@ -1,4 +1,4 @@
-"""Shared fixtures; the two groups of a parallel run."""
+"""Shared fixtures; the groups of a parallel run."""
 
 from __future__ import annotations
 
@@ -16,63 +16,71 @@ if TYPE_CHECKING:
     from fedgsp_flwr.tools.launcher import LocalSimulation
 
 
-# The tests that start Flower (a local SuperLink with Ray, or real SuperNodes): files, or
-# single tests as "file::name". Checked against the e2e and deployment marks at collection.
-FLOWER_TESTS = (
-    "tests/app/test_lying_partition_e2e.py",
-    "tests/app/test_quickstart_e2e.py",
-    "tests/app/test_simulation_e2e.py",
-    "tests/tools/test_deployment.py",
-    "tests/tools/test_deployment_faults.py",
-    "tests/tools/test_federation_security.py::test_sigterm_stops_a_real_secure_federation",
-)
-FLOWER_MARKS = ("e2e", "deployment")
+# The tests that start Flower, by kind: files, or single tests as "file::name". Checked
+# against their marks at collection.
+FLOWER_TESTS = {
+    # e2e: a local SuperLink in simulation mode, Ray
+    "simulation": ("tests/app/test_lying_partition_e2e.py",
+                   "tests/app/test_quickstart_e2e.py",
+                   "tests/app/test_simulation_e2e.py"),
+    # deployment: real flower-superlink and flower-supernode processes
+    "deployment": ("tests/tools/test_deployment.py",
+                   "tests/tools/test_deployment_faults.py",
+                   ("tests/tools/test_federation_security.py::"
+                    "test_sigterm_stops_a_real_secure_federation")),
+}
+MARKS = {"simulation": "e2e", "deployment": "deployment"}
+# A worker's niceness by group: the SuperNodes' reply timeouts first, then the engine's
+# runs, then the rest in the CPU they leave idle.
+NICENESS = {"deployment": 0, "simulation": 5, "units": 19}
 
 
-def starts_flower(nodeid: str) -> bool:
-    """Whether the test ``nodeid`` is one of FLOWER_TESTS."""
-    return any(nodeid == t or nodeid.startswith(t + "::") for t in FLOWER_TESTS)
+def group_of(nodeid: str) -> str:
+    """The test's group: ``simulation``, ``deployment`` or ``units``."""
+    for group, tests in FLOWER_TESTS.items():
+        if any(nodeid == t or nodeid.startswith(t + "::") for t in tests):
+            return group
+    return "units"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Refuse a test marked e2e or deployment that FLOWER_TESTS does not list."""
-    unlisted = [item.nodeid for item in items if not starts_flower(item.nodeid)
-                and any(item.get_closest_marker(mark) for mark in FLOWER_MARKS)]
+    """Refuse an e2e or deployment test that FLOWER_TESTS does not list under its mark."""
+    unlisted = [item.nodeid for item in items for group, mark in MARKS.items()
+                if item.get_closest_marker(mark) and group_of(item.nodeid) != group]
     if unlisted:
-        raise pytest.UsageError(f"add these Flower tests to FLOWER_TESTS in tests/conftest.py"
-                                f": {unlisted}")
+        raise pytest.UsageError(f"list these tests in FLOWER_TESTS (tests/conftest.py) under "
+                                f"their mark: {unlisted}")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup`` (pytest-xdist, ``-n 2``): two groups, the Flower tests one
-    after another on one worker, every other test on the other. (pytest-xdist's own
+    """``-n 3 --dist loadgroup`` (pytest-xdist): one worker per group of ``group_of``.
+
+    Each group runs one test at a time: two simulations at once would share one Ray on
+    2 cores, two federations each other's reply timeouts. A deployment run waits on
+    Flower's polls (a SuperNode's 3 s idle poll, a ClientApp process per message) while
+    a simulation keeps the cores busy, so the two overlap well. (pytest-xdist's own
     ``xdist_group`` marks do not group under pytest 9.2: a node id is no longer a string
     it can append the group to.)
-
-    Flower runs beside each other fail on 2 cores (two Ray engines, hop timeouts); the
-    rest fills the CPU they leave idle (polls, process starts), at a lower priority.
     """
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class FlowerOrNot(LoadScopeScheduling):
+    class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "flower" if starts_flower(nodeid) else "units"
+            return group_of(nodeid)
 
-    return FlowerOrNot(config, log)
+    return ByGroup(config, log)
 
 
 _niced = False
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """On a pytest-xdist worker, run the tests that start no Flower at nice 19: the
-    Flower runs' waits and timeouts then see an otherwise quiet machine.
-    """
+    """On a pytest-xdist worker, take the niceness of the first test's group (NICENESS)."""
     global _niced
-    if not _niced and "PYTEST_XDIST_WORKER" in os.environ and not starts_flower(item.nodeid):
-        os.nice(19)
+    if not _niced and "PYTEST_XDIST_WORKER" in os.environ:
+        os.nice(NICENESS[group_of(item.nodeid)])
         _niced = True
 
 

@@ -73,9 +73,11 @@ class ReceiptWatcher:
         return self.order
 
 
-# A live node's reply can take over 20 s here when three ClientApp processes start at
-# once (round 3 of the killed-node runs): their train-timeout.
-LIVE_REPLY_TIMEOUT = 45.0
+# A live node's reply: rounds 2 and 3 of the killed-node runs (two or three waves of
+# three ClientApp processes started at once) took 22-33 s each here (2026-12-01 at
+# 10a19f2; single replies took over 20 s before a process stopped loading torch._dynamo):
+# their train-timeout.
+LIVE_REPLY_TIMEOUT = 30.0
 
 
 def crash_and_return(fed: LocalFederation, run_config: dict[str, Any], folder: Path,
