@@ -132,8 +132,9 @@ class SGD:
     """``torch.optim.SGD``'s step on CPU (no weight decay, dampening or Nesterov), bit
     for bit, without building a torch optimizer.
 
-    Building any ``torch.optim`` optimizer imports ``torch._dynamo``: ~3 s of CPU in each
-    new process, and a deployment SuperNode starts a ClientApp process per message.
+    Building any ``torch.optim`` optimizer imports ``torch._dynamo``: 2.4 s of CPU in each
+    new process here (``benchmarks/client_process.py``), and a deployment SuperNode starts
+    a ClientApp process per message.
 
     Parameters
     ----------
