@@ -58,7 +58,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     Each group runs one test at a time: two simulations at once would share one Ray on
     2 cores, two federations each other's reply timeouts. A deployment run waits on
     Flower's polls (a SuperNode's 3 s idle poll, a ClientApp process per message) while
-    a simulation keeps the cores busy, so the two overlap well. (pytest-xdist's own
+    a simulation keeps the cores busy, so the two overlap, each slower beside the other
+    (README, "Run the tests"). (pytest-xdist's own
     ``xdist_group`` marks do not group under pytest 9.2: a node id is no longer a string
     it can append the group to.)
     """
