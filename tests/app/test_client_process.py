@@ -32,8 +32,9 @@ print(json.dumps(seen))
 
 
 def test_queries_load_no_torch_and_training_no_torch_dynamo(tmp_path: Path) -> None:
-    # torch costs ~3 s of CPU to import here, and any torch.optim optimizer imports
-    # torch._dynamo (~3 s more): per message, on every SuperNode.
+    # torch costs 2.5 s of CPU to import here, and any torch.optim optimizer imports
+    # torch._dynamo (2.4 s more): per message, on every SuperNode
+    # (benchmarks/client_process.py).
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           env={"FEDGSP_DATA_DIR": str(tmp_path), "PATH": ""}, timeout=120,
                           check=False)
