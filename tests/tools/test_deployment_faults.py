@@ -3,7 +3,7 @@ without it, and the node, restarted, rejoins.
 
 Each test starts its own SuperLink and three SuperNodes (no TLS: what is tested is the
 strategies' handling of a lost node) and stops exactly those processes. Apart from
-tests/tools/test_deployment.py, whose module federation they must not kill a node of.
+tests/tools/test_deployment.py, whose shared federation must keep its three nodes.
 """
 
 from __future__ import annotations
