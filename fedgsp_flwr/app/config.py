@@ -236,7 +236,8 @@ class RunConfig:
         "(0 = exact counts; a node's own histogram-epsilon node config wins)",
         lambda v: v >= 0, ">= 0")
     relay_poll: float = _setting(
-        0.02, "seconds between the relay's polls for hop replies (3.0 behaves as "
+        0.02, "seconds the relay waits after a poll that brought no hop reply, doubled "
+        "with each further empty poll up to 0.5 (or this value if longer; 3.0 behaves as "
         "send_and_receive in deployment)", _positive, "> 0")
     hierfl_policy: str = _setting(
         "heuristic", "HierFL user-edge assignment policy (the paper: heuristic, Algorithm 1)",

@@ -27,7 +27,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .metrics import reply_metrics
-from .nodes import missing_handler, unreachable
+from .nodes import PollBackoff, missing_handler, unreachable
 from .replies import reply_problem
 
 HOP_OK = "ok"
@@ -151,7 +151,8 @@ def run_relay(
     weighted_by_key : str
         Metric holding the number of examples a node trained on.
     poll_interval : float
-        Seconds between polls when no reply arrived.
+        Seconds to wait after a poll that brought no reply; doubled with each further
+        empty poll, up to ``MAX_POLL_INTERVAL`` (or ``poll_interval`` if longer).
     plain_nodes : set[int] | None
         Nodes that get ``train`` whatever ``message_type`` is; a node that answers
         ``message_type`` with "no function registered" is added (and its hop sent
@@ -212,6 +213,7 @@ def run_relay(
         send([chain])
 
     send(chains)
+    backoff = PollBackoff(poll_interval)
     while waiting:
         replies = list(grid.pull_messages(list(waiting)))
         now = time.monotonic()
@@ -242,8 +244,8 @@ def run_relay(
                 finish_hop(chain, Hop(node, chain.next_position, HOP_TIMEOUT,
                                       f"no reply within {train_timeout:g}s",
                                       now - chain.sent_at, chain.bytes_sent))
-        if not replies and waiting:
-            time.sleep(poll_interval)
+        if waiting:
+            backoff.after(bool(replies))
     done = sum(c.result.trained for c in chains)
     log(INFO, "relay: %d/%d groups trained, %d hops skipped", done, len(chains),
         sum(len(c.result.skipped) for c in chains))

@@ -201,20 +201,20 @@ def test_experiment_runner_compares_and_resumes(tmp_path: Path, monkeypatch) -> 
         "[run-config]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in TINY.items())
         + "num-server-rounds = 1\n"
         '[strategies.fedavg]\nstrategy = "fedavg"\n'
-        '[strategies.fedprox]\nstrategy = "fedprox"\nfedprox-mu = 0.1\n'
         '[strategies.central]\nstrategy = "centralized"\n'
     )
+    # One flwr run beside the centralized baseline: the runner's handling of several
+    # federated strategies is tested with a stand-in launcher (tests/tools/test_runner.py).
     root = simulation.run_experiment(simulation.Experiment.load(spec), tmp_path / "results")
-    for label in ("fedavg", "fedprox", "central"):
+    for label in ("fedavg", "central"):
         assert is_complete(root / "runs" / f"{label}-seed1")
         assert (root / "logs" / f"{label}-seed1.log").exists()
     summary = json.loads((root / "summary.json").read_text())
-    assert [row["strategy"] for row in summary] == ["fedavg", "fedprox", "central"]
+    assert [row["strategy"] for row in summary] == ["fedavg", "central"]
     central = read_metrics(root / "runs" / "central-seed1")
     assert central["rounds"][1]["central-acc"] > central["rounds"][0]["central-acc"]
     divergence = json.loads((root / "divergence.json").read_text())
-    assert {(r["strategy"], r["reference"]) for r in divergence} == {
-        ("fedavg", "central"), ("fedprox", "central")}
+    assert {(r["strategy"], r["reference"]) for r in divergence} == {("fedavg", "central")}
     assert all(r["red"] > 0 and -1 <= r["acs"] <= 1 for r in divergence)
     assert (root / "divergence.png").read_bytes()[:4] == b"\x89PNG"
     assert all(row["seeds"] == 1 and 0 < row["final-acc-mean"] <= 1 for row in summary)

@@ -9,9 +9,11 @@ import pytest
 from fakegrid import FakeGrid
 from flwr.app import Message, MetricRecord, RecordDict
 
+from fedgsp_flwr.strategies import nodes as nodes_module
 from fedgsp_flwr.strategies.nodes import (
     HookSupport,
     NodeRegistry,
+    PollBackoff,
     collect_reply_list,
     missing_handler,
 )
@@ -142,3 +144,17 @@ def test_a_partition_registry_asks_each_node_once_for_its_partition_id_and_nothi
 def test_a_registry_asks_only_histograms_or_partitions() -> None:
     with pytest.raises(ValueError, match="asks must be 'histogram' or 'partition'"):
         NodeRegistry("Demo", timeout=1, asks="sketch")
+
+
+def test_polls_back_off_while_no_reply_comes_and_start_over_after_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(nodes_module.time, "sleep", slept.append)
+    backoff = PollBackoff(0.02)
+    for replied in (False, False, False, True, False, *[False] * 6):
+        backoff.after(replied)
+    assert slept == [0.02, 0.04, 0.08, 0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5]
+    slow = PollBackoff(3.0)  # a first wait above the cap stays as it is
+    slow.after(False)
+    slow.after(False)
+    assert slept[-2:] == [3.0, 3.0]
