@@ -16,29 +16,27 @@ if TYPE_CHECKING:
     from fedgsp_flwr.tools.launcher import LocalSimulation
 
 
-# The tests that start Flower, by group: files, or single tests as "file::name". Checked
+# The tests that start Flower, by kind: files, or single tests as "file::name". Checked
 # against their marks at collection.
 FLOWER_TESTS = {
     # e2e: a local SuperLink in simulation mode, Ray
     "simulation": ("tests/app/test_lying_partition_e2e.py",
                    "tests/app/test_quickstart_e2e.py",
                    "tests/app/test_simulation_e2e.py"),
-    # deployment: real flower-superlink and flower-supernode processes; the module's
-    # secure federation
-    "deployment": ("tests/tools/test_deployment.py",),
-    # deployment: the tests that start, kill and stop federations of their own
-    "faults": ("tests/tools/test_deployment_faults.py",
-               ("tests/tools/test_federation_security.py::"
-                "test_sigterm_stops_a_real_secure_federation")),
+    # deployment: real flower-superlink and flower-supernode processes
+    "deployment": ("tests/tools/test_deployment.py",
+                   "tests/tools/test_deployment_faults.py",
+                   ("tests/tools/test_federation_security.py::"
+                    "test_sigterm_stops_a_real_secure_federation")),
 }
-MARKS = {"simulation": "e2e", "deployment": "deployment", "faults": "deployment"}
+MARKS = {"simulation": "e2e", "deployment": "deployment"}
 # A worker's niceness by group: the SuperNodes' reply timeouts first, then the engine's
 # runs, then the rest in the CPU they leave idle.
-NICENESS = {"deployment": 0, "faults": 0, "simulation": 5, "units": 19}
+NICENESS = {"deployment": 0, "simulation": 5, "units": 19}
 
 
 def group_of(nodeid: str) -> str:
-    """The test's group: a key of FLOWER_TESTS, or ``units``."""
+    """The test's group: ``simulation``, ``deployment`` or ``units``."""
     for group, tests in FLOWER_TESTS.items():
         if any(nodeid == t or nodeid.startswith(t + "::") for t in tests):
             return group
@@ -47,21 +45,21 @@ def group_of(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Refuse an e2e or deployment test that FLOWER_TESTS does not list under its mark."""
-    unlisted = [item.nodeid for item in items for mark in set(MARKS.values())
-                if item.get_closest_marker(mark) and MARKS.get(group_of(item.nodeid)) != mark]
+    unlisted = [item.nodeid for item in items for group, mark in MARKS.items()
+                if item.get_closest_marker(mark) and group_of(item.nodeid) != group]
     if unlisted:
         raise pytest.UsageError(f"list these tests in FLOWER_TESTS (tests/conftest.py) under "
-                                f"a group of their mark: {unlisted}")
+                                f"their mark: {unlisted}")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``-n 4 --dist loadgroup`` (pytest-xdist): one worker per group of ``group_of``.
+    """``-n 3 --dist loadgroup`` (pytest-xdist): one worker per group of ``group_of``.
 
     Each group runs one test at a time: two simulations at once would share one Ray on
-    2 cores. A deployment run waits on Flower's polls (a SuperNode's 3 s idle poll, a
-    ClientApp process per message) while a simulation keeps the cores busy, so the
-    groups overlap, each slower beside the others (README, "Run the tests"); the
-    killed-node tests allow a live reply 45 s for that. (pytest-xdist's own
+    2 cores, two federations each other's reply timeouts. A deployment run waits on
+    Flower's polls (a SuperNode's 3 s idle poll, a ClientApp process per message) while
+    a simulation keeps the cores busy, so the two overlap, each slower beside the other
+    (README, "Run the tests"). (pytest-xdist's own
     ``xdist_group`` marks do not group under pytest 9.2: a node id is no longer a string
     it can append the group to.)
     """

@@ -3,8 +3,7 @@ without it, and the node, restarted, rejoins.
 
 Each test starts its own SuperLink and three SuperNodes (no TLS: what is tested is the
 strategies' handling of a lost node) and stops exactly those processes. Apart from
-tests/tools/test_deployment.py, whose shared federation must keep its three nodes; the
-two files run side by side (tests/conftest.py: groups "deployment" and "faults").
+tests/tools/test_deployment.py, whose shared federation must keep its three nodes.
 """
 
 from __future__ import annotations
@@ -76,9 +75,8 @@ class ReceiptWatcher:
 # A live node's reply: rounds 2 and 3 of the killed-node runs (two or three waves of
 # three ClientApp processes started at once) took 22-33 s each here (2026-12-01 at
 # 10a19f2; single replies took over 20 s before a process stopped loading torch._dynamo):
-# their train-timeout, with room for the secure federation's runs (tests/conftest.py's
-# "deployment" group) going on beside these tests. Round 1 waits it out once for the
-# killed node.
+# their train-timeout, with room to spare for the simulations and unit tests beside
+# them. Round 1 waits it out once for the killed node.
 LIVE_REPLY_TIMEOUT = 45.0
 
 
