@@ -30,6 +30,7 @@ from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..strategies.fesem import NEW_CLIENTS
 from ..strategies.ida import WEIGHTINGS as IDA_WEIGHTINGS
+from ..strategies.nodes import MAX_POLL_INTERVAL
 from ..strategies.semifl import CLUSTER_SOURCES
 from ..strategies.sequential import relay_message_type_problem
 
@@ -237,8 +238,8 @@ class RunConfig:
         lambda v: v >= 0, ">= 0")
     relay_poll: float = _setting(
         0.02, "seconds the relay waits after a poll that brought no hop reply, doubled "
-        "with each further empty poll up to 0.5 (or this value if longer; 3.0 behaves as "
-        "send_and_receive in deployment)", _positive, "> 0")
+        f"with each further empty poll up to {MAX_POLL_INTERVAL:g} (or this value if "
+        "longer; 3.0 behaves as send_and_receive in deployment)", _positive, "> 0")
     hierfl_policy: str = _setting(
         "heuristic", "HierFL user-edge assignment policy (the paper: heuristic, Algorithm 1)",
         choices=POLICIES)
