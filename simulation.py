@@ -99,6 +99,12 @@ from fedgsp_flwr.tools.launcher import LocalSimulation
 
 APP_DIR = Path(__file__).resolve().parent
 LOSS_METRIC = "central-loss"
+
+
+def loss_twin(metric: str) -> str:
+    """The loss that goes with an accuracy metric: ``eval-acc`` -> ``eval-loss``,
+    ``eval-acc-global`` -> ``eval-loss-global``; ``central-loss`` for any other."""
+    return metric.replace("-acc", "-loss", 1) if "-acc" in metric else LOSS_METRIC
 CLIENT_STATE = "client-state"  # a run folder's client-state-dir (Ditto's personal models)
 
 
@@ -140,7 +146,8 @@ class Experiment:
         The per-round loss summarised beside the accuracy (over the same last rounds):
         ``central-loss`` (the global model on the server's test set) or a client
         metric such as ``eval-loss``, which clustered and personalised strategies need
-        (their central model serves no client).
+        (their central model serves no client). Default: ``metric``'s twin
+        (:func:`loss_twin`).
     paper : dict[str, dict[str, float | str]]
         Label -> the paper's numbers for it, as printed (``acc`` and ``acc-std`` in %,
         ``loss``, ``loss-std``, ``rounds``: to the paper's target, or ``"never"``).
@@ -199,7 +206,8 @@ class Experiment:
                 report=[str(m) for m in raw.get("report", [])],
                 report_rounds=report_rounds(path, raw.get("report-rounds", [])),
                 final_rounds=final_rounds(path, raw.get("final-rounds", 1)),
-                loss_metric=str(raw.get("loss-metric", LOSS_METRIC)),
+                loss_metric=str(raw.get("loss-metric",
+                                        loss_twin(str(raw.get("metric", "central-acc"))))),
                 paper=paper_numbers(path, paper, raw.get("strategies", {})),
                 paper_source=paper_source,
                 source=text,
@@ -608,8 +616,8 @@ def paper_rows(exp: Experiment,
 
     Columns: strategy, metric, seeds, rounds (the runs' last round), final-rounds (the
     accuracy's mean over the runs' last rounds), acc-mean and acc-std (%, population
-    std over seeds), loss-mean and loss-std where the runs have the experiment's loss
-    metric, rounds-to-target/-reference where the experiment sets one, the paper's
+    std over seeds), loss-metric, loss-mean and loss-std where the runs have the
+    experiment's loss metric, rounds-to-target/-reference where the experiment sets one, the paper's
     acc, acc-std, loss and rounds (empty where it gives none), and acc-diff (ours minus
     the paper's, in points).
     """
@@ -624,6 +632,7 @@ def paper_rows(exp: Experiment,
             "acc-std": _percent(row["final-acc-std"]),
         }
         if "final-loss-mean" in row:
+            out["loss-metric"] = exp.loss_metric
             out["loss-mean"] = round(row["final-loss-mean"], 4)
             out["loss-std"] = round(row["final-loss-std"], 4)
         for name in ("target", "reference"):

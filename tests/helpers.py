@@ -102,6 +102,9 @@ def run_rounds(strategy: Any, grid: Any, initial: ArrayRecord, rounds: int,
 QUICKSTART = Path(__file__).resolve().parent / "quickstart"
 REPO = Path(__file__).resolve().parent.parent
 # One round over three real SuperNodes, the smallest data (tests/tools/test_deployment*.py).
+# A SuperNode's SuperExec looks for a message to start a ClientApp for every 0.2 s
+# instead of Flower's 1 s: ~0.4 s less per message on average.
+DEPLOYMENT_NODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2"}
 DEPLOYMENT_RUN: dict[str, Any] = {
     "dataset": "synthetic", "partition": "natural", "batch-size": 16, "lr": 0.1,
     "min-available-nodes": 3, "num-server-rounds": 1, "fraction-evaluate": 0.0}

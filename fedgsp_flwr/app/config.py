@@ -293,6 +293,8 @@ class RunConfig:
         "initial", "FeSEM first-seen nodes: initial (the paper: fit the initial model, "
         "nearest centre) | probe (ours: fine-tune every centre, keep the least moved)",
         choices=NEW_CLIENTS)
+    fesem_weighted: bool = _setting(
+        False, "FeSEM's M-step averages by examples (false = plain mean, the paper)")
     fesem_layers: str = _setting(
         "", "FeSEM layers (comma-separated array names) the distances use ('' = all)")
     ifca_k: int = _setting(4, "IFCA number of cluster models k", _positive, "> 0")

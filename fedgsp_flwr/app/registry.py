@@ -154,6 +154,7 @@ def _fesem(cfg: RunConfig, run: RunContext) -> FedAvg:
         k=cfg.fesem_k,
         init=cfg.fesem_init,
         new_clients=cfg.fesem_new_clients,
+        weighted=cfg.fesem_weighted,
         layers=_names(cfg.fesem_layers),
         centre_factory=run.centre_factory,
         ground_truth=run.ground_truth,

@@ -1040,10 +1040,16 @@ def form_groups(
     return [g for g in groups if g]
 
 
+def sampled_group_count(num_groups: int, kappa: float) -> int:
+    """``max(1, floor(kappa * num_groups + 0.5))``: kappa M rounded half up, at least one
+    (Python's ``round`` rounds half to even: 0.3 x 15 = 4.5 would give 4)."""
+    return max(1, math.floor(kappa * num_groups + 0.5))
+
+
 def sample_groups(num_groups: int, kappa: float, rng: np.random.Generator) -> list[int]:
-    """The indices of ``max(1, round(kappa * num_groups))`` groups drawn at random, in
-    increasing order."""
-    return sorted(int(i) for i in rng.choice(num_groups, max(1, round(kappa * num_groups)),
+    """The indices of :func:`sampled_group_count` groups drawn at random, in increasing
+    order."""
+    return sorted(int(i) for i in rng.choice(num_groups, sampled_group_count(num_groups, kappa),
                                              replace=False))
 
 
@@ -1071,7 +1077,7 @@ def plan_groups(
     **grouping: Any,
 ) -> GroupPlan:
     """Group the clients into ``m`` groups (:func:`form_groups`, with ``grouping``'s
-    options), sample ``max(1, round(kappa * M))`` of them and shuffle each sampled
+    options), sample ``max(1, floor(kappa * M + 0.5))`` of them and shuffle each sampled
     group's order (FedGSP's STP round, Algorithm 1).
 
     Returns

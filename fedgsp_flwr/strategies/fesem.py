@@ -54,9 +54,9 @@ class FeSEM(ServerSideRound):
     round of ``kmeans++`` there are no centres yet and every node fits the initial model.
 
     E-step: each returned W_i joins its nearest centre by squared L2 distance (over all
-    parameters, or over ``layers``). M-step: each centre becomes
-    the example-weighted mean of the W_i assigned to it this round; a centre that
-    received none keeps its weights (logged). The node keeps its assignment until it
+    parameters, or over ``layers``). M-step: each centre becomes the mean of the W_i
+    assigned to it this round (the paper's plain mean, or weighted by examples with
+    ``weighted``); a centre that received none keeps its weights (logged). The node keeps its assignment until it
     is sampled again.
 
     Initialisation (``init``): ``seeds``, K models built by ``centre_factory(k)``
@@ -83,6 +83,9 @@ class FeSEM(ServerSideRound):
         How a first-seen node finds its centre: ``initial`` or ``probe`` (see above).
         ``initial`` is cheaper, but a fit of the initial model lies nearest to the
         centre that moved least from it, whatever the node's data.
+    weighted : bool (default: False)
+        M-step weights: ``False``, each W_i counts once (the paper's mean); ``True``, by
+        its ``weighted_by_key`` (examples), as FedAvg averages (ours).
     ground_truth : Mapping[int, int] | None (default: None)
         Latent group of each partition id, to report ARI and NMI each round.
     query_timeout : float (default: 300.0)
@@ -104,6 +107,7 @@ class FeSEM(ServerSideRound):
         centre_factory: Callable[[int], ArrayRecord] | None = None,
         layers: Sequence[str] | None = None,
         new_clients: str = "initial",
+        weighted: bool = False,
         ground_truth: Mapping[int, int] | None = None,
         query_timeout: float = 300.0,
         seed: int = 0,
@@ -116,13 +120,14 @@ class FeSEM(ServerSideRound):
             (layers is None or len(layers) > 0, "layers must be None or name arrays"),
             (new_clients in NEW_CLIENTS,
              f"new_clients must be one of {NEW_CLIENTS}, got {new_clients!r}"),
+            (isinstance(weighted, bool), f"weighted must be a bool, got {weighted!r}"),
             (init != "seeds" or centre_factory is not None,
              "init='seeds' needs a centre_factory (centre k's initial model)"),
         ]
         check_parameters("FeSEM", checks)
         self.k, self.init, self.centre_factory = k, init, centre_factory
         self.layers = list(layers) if layers is not None else None
-        self.new_clients = new_clients
+        self.new_clients, self.weighted = new_clients, weighted
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
@@ -139,8 +144,9 @@ class FeSEM(ServerSideRound):
 
     def summary(self) -> None:
         """Log FeSEM's settings, then FedAvg's."""
-        log(INFO, "\t├──> FeSEM: K=%d, %s init, distances over %s", self.k, self.init,
-            ", ".join(self.layers) if self.layers else "all layers")
+        log(INFO, "\t├──> FeSEM: K=%d, %s init, distances over %s, %s M-step", self.k,
+            self.init, ", ".join(self.layers) if self.layers else "all layers",
+            "example-weighted" if self.weighted else "plain-mean")
         super().summary()
 
     # --- checkpoint -------------------------------------------------------------------
@@ -301,7 +307,8 @@ class FeSEM(ServerSideRound):
         nodes = [node for node, _ in sound]
         x = self.stack([next(iter(r.content.array_records.values())) for _, r in sound])
         contents = [reply_metrics(r.content) for _, r in sound]
-        weights = np.array([float(cast(float, m[self.weighted_by_key])) for m in contents])
+        weights = (np.array([float(cast(float, m[self.weighted_by_key])) for m in contents])
+                   if self.weighted else np.ones(len(contents)))
         columns = self.layout.columns(self.layers)
         if self.centres is None:
             self.init_kmeans(x)

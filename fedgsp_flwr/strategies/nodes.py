@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import numpy as np
 from flwr.app import Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -49,9 +49,11 @@ class Exchange:
 
     A reply counts only as the answer of the node its message went to: one that answers
     no message of this exchange, or comes from another node than the one asked (a
-    forged reply), is ignored with a WARNING naming its node. A node that answers one
-    message twice has both answers refused, whatever their order: its answer becomes
-    one error reply saying so (logged once, where error replies are).
+    forged reply), is ignored with a WARNING naming its node; the SuperLink's error
+    reply for a node gone offline (:func:`from_superlink`) is that node's answer. A
+    node that answers one message twice has both answers refused, whatever their
+    order: its answer becomes one error reply saying so (logged once, where error
+    replies are).
 
     Parameters
     ----------
@@ -92,14 +94,17 @@ class Exchange:
         if i is None:
             log(WARNING, "%s: ignored a reply from node %d to no message of this exchange",
                 self.stage, src)
-        elif src != (dst := self.messages[i].metadata.dst_node_id):
+        elif src != (dst := self.messages[i].metadata.dst_node_id) and not from_superlink(reply):
             log(WARNING, "%s: ignored a reply from node %d to the message sent to node %d",
                 self.stage, src, dst)
         elif key in self.answered:
             self.twice.add(i)
         else:
             self.answered[key] = i
-            self.replies[i] = reply
+            # The SuperLink's verdict as the node's own error reply: replies are named,
+            # and told apart, by their source node.
+            self.replies[i] = (Message(reply.error, reply_to=self.messages[i])
+                               if src != dst else reply)
 
     def pending(self) -> list[str]:
         """Ids of the messages not answered yet."""
@@ -331,6 +336,16 @@ def unreachable(reply: Message | None) -> bool:
     for) proves the node is there.
     """
     return reply is None or (reply.has_error() and reply.error.code in UNREACHABLE_ERRORS)
+
+
+def from_superlink(reply: Message) -> bool:
+    """Whether ``reply`` is the SuperLink's own answer for a node it found gone (an
+    :data:`UNREACHABLE_ERRORS` error from ``SUPERLINK_NODE_ID``, as a deployment's
+    SuperLink sends once the node's heartbeat has lapsed): it answers the message sent to
+    that node, though the node did not send it.
+    """
+    return (reply.metadata.src_node_id == SUPERLINK_NODE_ID and reply.has_error()
+            and reply.error.code in UNREACHABLE_ERRORS)
 
 
 def vector_problem(reply: Message, key: str, size: int | None) -> str | None:

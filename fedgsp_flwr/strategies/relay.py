@@ -27,7 +27,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .metrics import reply_metrics
-from .nodes import PollBackoff, missing_handler, unreachable
+from .nodes import PollBackoff, from_superlink, missing_handler, unreachable
 from .replies import reply_problem
 
 HOP_OK = "ok"
@@ -255,14 +255,16 @@ def run_relay(
 def _screen_hops(replies: list[Message], waiting: dict[str, _Chain]
                  ) -> tuple[list[Message], set[str]]:
     """The replies of one pull from the node each hop went to (another node's reply is
-    ignored, with a WARNING), one per hop, and the hops answered twice in it.
+    ignored, with a WARNING; the SuperLink's for a node gone offline is the node's
+    answer), one per hop, and the hops answered twice in it.
     """
     kept: dict[str, Message] = {}
     twice: set[str] = set()
     for reply in replies:
         key, src = reply.metadata.reply_to_message_id, reply.metadata.src_node_id
         chain = waiting.get(key)
-        if chain is not None and src != (dst := chain.result.nodes[chain.next_position]):
+        if chain is not None and src != (dst := chain.result.nodes[chain.next_position]) and (
+                not from_superlink(reply)):
             log(WARNING, "relay: ignored a reply from node %d to the hop sent to node %d",
                 src, dst)
         elif key in kept:

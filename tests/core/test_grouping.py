@@ -408,12 +408,20 @@ def test_a_plan_samples_kappa_of_the_groups_and_shuffles_only_their_order() -> N
     assert sorted(n for g in plan.groups for n in g) == nodes  # leftovers distributed
     for group in plan.groups:  # ICG: one client of each of the 4 one-class clusters
         assert sorted(n % 4 for n in group if n in histograms) == [0, 1, 2, 3]
-    assert len(plan.chains) == 2  # round(0.5 * 4)
+    assert len(plan.chains) == 2  # 0.5 x 4
     assert all(sorted(c) in [sorted(g) for g in plan.groups] for c in plan.chains)
     again = plan_groups(nodes, histograms, 4, 0.5, np.random.default_rng(0))
     assert again == plan
     at_random = plan_groups(nodes, {}, 5, 1.0, np.random.default_rng(0))
     assert len(at_random.chains) == 5 and sorted(map(len, at_random.groups)) == [4] * 5
+
+
+@pytest.mark.parametrize(("num_groups", "kappa", "count"), [
+    (15, 0.3, 5), (5, 0.3, 2), (10, 0.3, 3), (5, 0.1, 1), (1, 0.3, 1), (4, 0.5, 2)])
+def test_kappa_m_groups_are_sampled_rounded_half_up_and_at_least_one(
+        num_groups: int, kappa: float, count: int) -> None:
+    assert grouping.sampled_group_count(num_groups, kappa) == count
+    assert len(grouping.sample_groups(num_groups, kappa, np.random.default_rng(0))) == count
 
 
 def test_group_cpd_is_zero_for_identical_groups_and_needs_two_groups() -> None:

@@ -62,9 +62,10 @@ def truth(partitions: range, groups: int = 3) -> dict[int, int]:
     return {p: p % groups for p in partitions}
 
 
-def test_kmeans_plus_plus_init_recovers_the_groups() -> None:
+@pytest.mark.parametrize("weighted", [False, True])
+def test_kmeans_plus_plus_init_recovers_the_groups(weighted: bool) -> None:
     strategy = FeSEM(k=3, init="kmeans++", layers=["head"], ground_truth=truth(range(12)),
-                     seed=0, fraction_train=1.0, fraction_evaluate=1.0)
+                     weighted=weighted, seed=0, fraction_train=1.0, fraction_evaluate=1.0)
     start(strategy, grid_of(list(range(12))), rounds=4)
     assert strategy.history[1]["ari"] == 1.0 and strategy.history[4]["ari"] == 1.0
     assert sorted(strategy.history[4]["cluster-sizes"]) == [4, 4, 4]
@@ -77,12 +78,12 @@ def test_kmeans_plus_plus_init_recovers_the_groups() -> None:
     assert sorted(gaps.argmin(0).tolist()) == [0, 1, 2]  # one centre per target
     assert gaps.min(0).max() < 2.0  # a gap of about 18 at the start, halved 4 times
     # every local model is 0.5 centre + 0.5 (target + offset): after the M-step its
-    # squared distance to its centre is 0.25 |offset - the group's mean offset|^2 (means
-    # weighted by the nodes' 10 + p examples)
+    # squared distance to its centre is 0.25 |offset - the group's mean offset|^2 (plain
+    # means, the paper's, or weighted by the nodes' 10 + p examples)
     offsets = np.array([np.random.default_rng(p).normal(scale=0.1, size=3)
                         for p in range(12)])
-    means = [np.average(offsets[g::3], axis=0, weights=10 + np.arange(12)[g::3])
-             for g in range(3)]
+    examples = 10 + np.arange(12) if weighted else np.ones(12)
+    means = [np.average(offsets[g::3], axis=0, weights=examples[g::3]) for g in range(3)]
     spread = [0.25 * ((offsets[p] - means[p % 3]) ** 2).sum() for p in range(12)]
     # (float32 models and the Gram expansion: about 4 significant digits here)
     assert strategy.history[4]["multicenter-loss"] == pytest.approx(np.mean(spread), rel=1e-3)
@@ -214,5 +215,5 @@ def test_a_silent_node_sits_out_until_it_answers_a_histogram_query_again() -> No
 
 def test_defaults_are_the_papers_one_local_fit_for_a_new_node() -> None:
     strategy = FeSEM()
-    assert (strategy.k, strategy.init, strategy.new_clients, strategy.layers) == (
-        4, "kmeans++", "initial", None)
+    assert (strategy.k, strategy.init, strategy.new_clients, strategy.weighted,
+            strategy.layers) == (4, "kmeans++", "initial", False, None)

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fakegrid import FakeGrid, MultiReplyGrid, request_of, twice, with_forgery
+from fakegrid import FakeGrid, MultiReplyGrid, forged, request_of, twice, with_forgery
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from hypothesis import Phase, given, settings
@@ -795,6 +795,29 @@ def test_a_node_that_replies_twice_has_both_replies_refused(name: str,
     assert sum(r.metadata.src_node_id == BAD and STAGES["train"](r.metadata.message_type)
                for r in grid.delivered) == 2 * refused_exchanges(got, "train")
     assert_refused_like_an_error(name, "train", got)
+
+
+def gone(message: Message) -> Message:
+    """The error reply a deployment's SuperLink makes for a message to a node whose
+    heartbeat lapsed (here from the node itself; the SuperLink's comes from node 1)."""
+    return Message(Error(code=int(ErrorCode.NODE_UNAVAILABLE),
+                         reason="Error: Node Unavailable"), reply_to=message)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_superlinks_reply_for_a_node_gone_offline_is_that_nodes_answer(name: str) -> None:
+    """Flower's SuperLink answers a message to a node gone offline itself, from
+    SUPERLINK_NODE_ID: the run is the one where the node said so, without waiting out
+    the timeout or calling the SuperLink's reply a forgery."""
+    handlers = {**sound_nodes(), BAD: gone}
+    expected = run(name, handlers)
+    grid = MultiReplyGrid(handlers, lambda message, reply: [] if reply is None else [
+        forged(reply, SUPERLINK_NODE_ID) if message.metadata.dst_node_id == BAD else reply])
+    got = run(name, grid=grid)
+    assert any(r.metadata.src_node_id == SUPERLINK_NODE_ID for r in grid.delivered)
+    assert not [line for line in got.warnings if "ignored a reply" in line], got.warnings
+    assert_same_result(got, expected)
+    assert naming(got.warnings, BAD) == naming(expected.warnings, BAD)
 
 
 FORGER = 777  # a node that is not in the federation: it is never asked anything

@@ -5,24 +5,28 @@ installation off, each node with its own port and node config) and stop exactly 
 processes, also when they fail. In deployment every message starts a new ClientApp
 process and an idle SuperNode polls every 3 s, so a message takes ~5-15 s here: the
 runs are one round over three nodes. The module's secure federation (TLS, SuperNode
-authentication) serves every test: one ``flwr run`` of the test app ``tests/scenarios``,
-which calls the bundled ServerApp once per strategy (a ServerApp process and FAB install
-a run, ~35 s, paid once), and one of the quickstart app; the killed-node tests start
-federations of their own.
+authentication) serves every test: three ``flwr run``s at once, two of the test app
+``tests/scenarios`` (each calls the bundled ServerApp once per strategy of its batch: a
+ServerApp process and FAB install a run, ~35 s, paid once) and one of the quickstart
+app; the killed-node tests start federations of their own.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shutil
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import DEPLOYMENT_NODE_ENV, completed_scenario, quickstart_app
 from helpers import DEPLOYMENT_RUN as TINY
 from helpers import REPO as APP_DIR
-from helpers import completed_scenario, quickstart_app
 
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.federation import LocalFederation
@@ -42,7 +46,8 @@ NODE_CONFIGS = [
 @pytest.fixture(scope="module")
 def secure_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
     """TLS and SuperNode authentication: three registered nodes."""
-    fed = LocalFederation(APP_DIR, tmp_path_factory.mktemp("secure"), tls=True, auth=True)
+    fed = LocalFederation(APP_DIR, tmp_path_factory.mktemp("secure"), tls=True, auth=True,
+                          node_env=DEPLOYMENT_NODE_ENV)
     try:
         fed.start()
         for config in NODE_CONFIGS:
@@ -99,58 +104,104 @@ STRATEGY_RUNS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]
 }
 
 
+# Balanced by their run time one after the other (2026-12-02: 259 s and 301 s).
+BATCHES = (("fedgsp", "semifl", "stocfl", "cfl"), ("hierfl", "fedavg", "ifca", "fesem", "ditto"))
+QUICKSTART_RUN = {"strategies": "fedgsp,stocfl", "num-server-rounds": 1,
+                  "train-examples": 3000, "lr": 0.02}
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The module's ``flwr run``s on the secure federation, with where each wrote."""
+
+    outcomes: dict[str, RunOutcome]  # by batch name ("batch-0", ...) and "quickstart"
+    folder: Path
+    batch_of: dict[str, str]  # strategy -> its batch
+
+
 @pytest.fixture(scope="module")
-def strategy_runs(secure_federation: LocalFederation) -> tuple[RunOutcome, Path]:
-    """One round of every strategy of STRATEGY_RUNS, in one ``flwr run`` of the scenario
-    app (the bundled ServerApp once per strategy, the bundled ClientApp on the nodes).
+def runs(secure_federation: LocalFederation) -> Runs:
+    """Every strategy of STRATEGY_RUNS for one round, and Flower's quickstart app with
+    FedGSP and StoCFL, as three ``flwr run``s at once on the secure federation.
+
+    Each batch of BATCHES is one run of the scenario app (the bundled ServerApp once per
+    strategy, the bundled ClientApp on the nodes). A SuperNode handles one message at a
+    time and pulls the next as soon as it has replied, so the runs keep each other's
+    nodes busy where one run alone leaves them idle (a hook probed on one node first, a
+    relay hop, a ServerApp starting).
     """
-    folder = secure_federation.folder / "strategies"
-    app = folder / "app"
-    shutil.copytree(SCENARIO_APP, app, ignore=shutil.ignore_patterns("__pycache__"))
-    scenarios = [{"name": name, "run-config": {
-        **TINY, **overrides, "strategy": name, "results-dir": str(folder / "results"),
-        "run-name": name}} for name, (overrides, _check) in STRATEGY_RUNS.items()]
-    (folder / "scenarios.json").write_text(json.dumps(scenarios))
-    outcome = secure_federation.run(
-        {"dataset": "synthetic", "partition": "natural",
-         "scenarios-file": str(folder / "scenarios.json"), "out-dir": str(folder / "out")},
-        log_path=folder / "run.log", timeout=1500, app_dir=app)
-    return outcome, folder
+    fed = secure_federation
+    folder = fed.folder / "runs"
+    jobs: dict[str, Callable[[], RunOutcome]] = {}
+    batch_of = {}
+    for i, batch in enumerate(BATCHES):
+        name = f"batch-{i}"
+        app = folder / name / "app"
+        shutil.copytree(SCENARIO_APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+        scenarios = [{"name": s, "run-config": {
+            **TINY, **STRATEGY_RUNS[s][0], "strategy": s,
+            "results-dir": str(folder / "results"), "run-name": s}} for s in batch]
+        (folder / name / "scenarios.json").write_text(json.dumps(scenarios))
+        batch_of.update(dict.fromkeys(batch, name))
+        jobs[name] = functools.partial(fed.run, {
+            "dataset": "synthetic", "partition": "natural",
+            "scenarios-file": str(folder / name / "scenarios.json"),
+            "out-dir": str(folder / name / "out")},
+            log_path=folder / name / "run.log", timeout=1500, app_dir=app)
+    jobs["quickstart"] = functools.partial(
+        fed.run, {**QUICKSTART_RUN, "out-dir": str(folder / "quickstart" / "out")},
+        log_path=folder / "quickstart" / "run.log", timeout=1500,
+        app_dir=quickstart_app(folder / "quickstart"))
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        outcomes = {name: future.result() for name, future in futures.items()}
+    return Runs(outcomes, folder, batch_of)
 
 
-# The first test waits for the whole run (its fixture): nine strategies, ~7 min quiet,
-# more beside the other test files.
+# The first test waits for the module's runs (its fixture).
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
-def test_each_strategy_runs_a_round_on_real_supernodes(
-        strategy_runs: tuple[RunOutcome, Path], strategy: str) -> None:
-    outcome, folder = strategy_runs
+def test_each_strategy_runs_a_round_on_real_supernodes(runs: Runs, strategy: str) -> None:
+    batch = runs.batch_of[strategy]
+    outcome = runs.outcomes[batch]
     assert outcome.ok, outcome.log_path.read_text()[-3000:]
-    completed_scenario(folder / "out", strategy)
-    metrics = read_metrics(folder / "results" / strategy)
+    completed_scenario(runs.folder / batch / "out", strategy)
+    metrics = read_metrics(runs.folder / "results" / strategy)
     assert metrics["status"] == "complete"
     _overrides, check = STRATEGY_RUNS[strategy]
     assert check(metrics["rounds"][1]), metrics["rounds"][1]
 
 
+def received_in_run(log: str, run_id: str, message_type: str) -> int:
+    """How many ``message_type`` messages of run ``run_id`` a SuperNode's log received.
+
+    A SuperNode logs ``[RUN <id>]`` (or ``[RUN <id>, ROUND <r>]``) just before each
+    ``Receiving: <type> message``; it is the only process that logs those headers.
+    """
+    count, run = 0, None
+    for line in log.splitlines():
+        if (header := re.search(r"\[RUN (\d+)", line)) is not None:
+            run = header.group(1)
+        elif f"Receiving: {message_type} message" in line and run == run_id:
+            count += 1
+    return count
+
+
+@pytest.mark.timeout(1800)
 def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
-        secure_federation: LocalFederation, tmp_path: Path) -> None:
+        secure_federation: LocalFederation, runs: Runs) -> None:
     """Flower's quickstart app (tests/quickstart), our strategies at default arguments,
     on the three secure SuperNodes: both train, and a missing hook costs one message each.
     """
-    fed = secure_federation
     with pytest.raises(RuntimeError, match="already running"):
-        fed.start()
-    logged = {node.name: len(node.log_path.read_text()) for node in fed.nodes}
-    # One round: the hooks are probed in round 1 only (the simulation test runs 3).
-    outcome = fed.run({"strategies": "fedgsp,stocfl", "num-server-rounds": 1,
-                       "train-examples": 3000, "lr": 0.02, "out-dir": str(tmp_path / "out")},
-                      log_path=tmp_path / "run.log", timeout=900,
-                      app_dir=quickstart_app(tmp_path))
-    node_logs = "".join(n.log_path.read_text()[logged[n.name]:] for n in fed.nodes)
+        secure_federation.start()
+    outcome = runs.outcomes["quickstart"]
     assert outcome.ok, outcome.cause()
-    rows = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "summary.json")
-                                                 .read_text())}
+    assert outcome.run_id is not None
+    node_logs = [n.log_path.read_text() for n in secure_federation.nodes]
+    rows = {r["strategy"]: r for r in json.loads(
+        (runs.folder / "quickstart" / "out" / "summary.json").read_text())}
+    # One round: the hooks are probed in round 1 only (the simulation test runs 3).
     for name, queries in (("fedgsp", ("query.histogram",)),
                           ("stocfl", ("query.partition", "query.sketch"))):
         row = rows[name]
@@ -159,4 +210,5 @@ def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
         assert len(row["missing-hook-warnings"]) == len(queries), row
         for query, warning in zip(queries, row["missing-hook-warnings"], strict=True):
             assert query in warning, row
-            assert node_logs.count(f"Receiving: {query} message") == 1, query
+            assert sum(received_in_run(log, outcome.run_id, query)
+                       for log in node_logs) == 1, query

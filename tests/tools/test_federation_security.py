@@ -191,6 +191,20 @@ def test_insecure_gives_the_old_default_with_a_warning(
     assert "any user of this machine can join" in warnings[0]
 
 
+def test_nodes_train_on_one_thread_unless_the_environment_or_caller_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def node_threads(**kwargs: Any) -> str:
+        fed = federation.LocalFederation(tmp_path, tmp_path / str(len(list(tmp_path.iterdir()))),
+                                         **kwargs)
+        return {**fed.env, **fed.node_env}["OMP_NUM_THREADS"]
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert node_threads() == federation.NODE_THREADS == "1"
+    assert node_threads(node_env={"OMP_NUM_THREADS": "2"}) == "2"
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert node_threads() == "4"
+
+
 @pytest.mark.parametrize("flag", ["--tls", "--auth"])
 def test_insecure_with_tls_or_auth_is_refused(recorded: list[dict[str, Any]],
                                               tmp_path: Path, flag: str,

@@ -76,8 +76,11 @@ def test_the_final_central_loss_is_summarised_beside_the_accuracy(tmp_path: Path
     assert row["final-loss-std"] == pytest.approx(0.1)
 
 
-def test_the_loss_metric_is_summarised_over_the_final_rounds(tmp_path: Path) -> None:
-    exp = experiment(tmp_path, 'final-rounds = 2\nloss-metric = "eval-loss"')
+@pytest.mark.parametrize("loss", ['loss-metric = "eval-loss"', 'metric = "eval-acc"'])
+def test_the_loss_metric_is_summarised_over_the_final_rounds(tmp_path: Path,
+                                                            loss: str) -> None:
+    # eval-loss by name, or as the twin of the accuracy metric eval-acc
+    exp = experiment(tmp_path, f'final-rounds = 2\n{loss}')
     for seed, losses in ((0, [0.6, 0.4]), (1, [0.2, 0.2])):
         write_run(tmp_path, "base", seed, [0.1, 0.4, 0.5], traffic=None,
                   metrics={"eval-loss": [None, *losses], "central-loss": [None, 7.0, 7.0]})
@@ -85,7 +88,8 @@ def test_the_loss_metric_is_summarised_over_the_final_rounds(tmp_path: Path) -> 
     # seed 0: mean of 0.6 and 0.4; seed 1: 0.2; the central loss is not the one asked
     assert row["final-loss-mean"] == pytest.approx(0.35)
     assert row["final-loss-std"] == pytest.approx(0.15)
-    assert simulation.paper_rows(exp, [row])[0]["loss-mean"] == pytest.approx(0.35)
+    paper = simulation.paper_rows(exp, [row])[0]
+    assert paper["loss-mean"] == pytest.approx(0.35) and paper["loss-metric"] == "eval-loss"
 
 
 def test_the_accuracy_at_the_report_rounds_is_summarised_over_seeds(tmp_path: Path) -> None:
