@@ -56,8 +56,8 @@ class FeSEM(ServerSideRound):
     E-step: each returned W_i joins its nearest centre by squared L2 distance (over all
     parameters, or over ``layers``). M-step: each centre becomes the mean of the W_i
     assigned to it this round (the paper's plain mean, or weighted by examples with
-    ``weighted``); a centre that received none keeps its weights (logged). The node keeps its assignment until it
-    is sampled again.
+    ``weighted``); a centre that received none keeps its weights (logged). The node
+    keeps its assignment until it is sampled again.
 
     Initialisation (``init``): ``seeds``, K models built by ``centre_factory(k)``
     (differently seeded), or ``kmeans++``, k-means++ over the first round's local

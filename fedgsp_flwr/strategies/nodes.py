@@ -60,7 +60,8 @@ class Exchange:
     messages : Sequence[Message] | None
         The messages sent, with the ids the grid gave them; ``None``: not known (a
         caller that drives the aggregation itself), then only duplicates, by node, are
-        refused: both replies are dropped, logged once.
+        refused: both replies are dropped, logged once (the SuperLink's error replies,
+        all from ``SUPERLINK_NODE_ID``, are kept: one per node gone).
     stage : str
         Name used in log lines.
     pushed : Iterable[str] | None
@@ -83,7 +84,9 @@ class Exchange:
         """Count ``reply`` (or ignore it, see the class doc)."""
         src = reply.metadata.src_node_id
         if self.position is None or self.messages is None:
-            if src in self.answered:
+            if from_superlink(reply):  # one per node gone, all from SUPERLINK_NODE_ID
+                self.loose.append(reply)
+            elif src in self.answered:
                 self.twice.add(self.answered[src])
             else:
                 self.answered[src] = len(self.loose)

@@ -41,7 +41,12 @@ from hypothesis import strategies as st
 from test_hostile_input import FEW, flwr_warnings
 
 import fedgsp_flwr.strategies as exported
-from fedgsp_flwr.strategies.nodes import NodeRegistry, query_histograms, query_partitions
+from fedgsp_flwr.strategies.nodes import (
+    Exchange,
+    NodeRegistry,
+    query_histograms,
+    query_partitions,
+)
 from fedgsp_flwr.strategies.relay import run_relay
 from fedgsp_flwr.strategies.state import StrategyState
 
@@ -818,6 +823,17 @@ def test_the_superlinks_reply_for_a_node_gone_offline_is_that_nodes_answer(name:
     assert not [line for line in got.warnings if "ignored a reply" in line], got.warnings
     assert_same_result(got, expected)
     assert naming(got.warnings, BAD) == naming(expected.warnings, BAD)
+
+
+def test_without_the_messages_the_superlinks_replies_are_no_duplicates() -> None:
+    """A caller that drives the aggregation itself: every node gone gets its own reply
+    from SUPERLINK_NODE_ID, none refused as a second answer of node 1."""
+    exchange = Exchange(None, "aggregate_train")
+    for node in (1001, 1003):
+        message = Message(RecordDict(), dst_node_id=node, message_type="train")
+        message.metadata.__dict__["_message_id"] = f"m{node}"
+        exchange.take(forged(gone(message), SUPERLINK_NODE_ID))
+    assert [r.metadata.reply_to_message_id for r in exchange.result()] == ["m1001", "m1003"]
 
 
 FORGER = 777  # a node that is not in the federation: it is never asked anything
