@@ -21,7 +21,7 @@ from typing import Any
 from ..clients.handlers import TrainSettings
 from ..core.cfl import LINKAGES
 from ..core.clustering import MERGE_MODELS, SKETCH_MODES
-from ..core.edge_assignment import POLICIES
+from ..core.edge_assignment import POLICIES, REACH_BY
 from ..core.fusion import OPERATORS as FUSION_OPERATORS
 from ..core.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
 from ..core.ifca import INITS as IFCA_INITS
@@ -246,6 +246,10 @@ class RunConfig:
     hierfl_edges: int = _setting(10, "HierFL edges of a generated topology", _positive, "> 0")
     hierfl_reach: int = _setting(
         2, "HierFL edges in range of each user of a generated topology (r)", _positive, "> 0")
+    hierfl_reach_by: str = _setting(
+        "group", "HierFL generated topology: a group of users of one class on one edge "
+        "shares its extra edges (group, the paper) or each user draws its own (user)",
+        choices=REACH_BY)
     hierfl_topology: str = _setting(
         "", "HierFL topology file, JSON or CSV, user i = partition id i ('' = generated)")
     hierfl_time_limit: float = _setting(

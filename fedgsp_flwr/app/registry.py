@@ -116,6 +116,7 @@ def _hierfl(cfg: RunConfig, run: RunContext) -> FedAvg:
         policy=cfg.hierfl_policy,
         num_edges=cfg.hierfl_edges,
         reach_per_user=cfg.hierfl_reach,
+        reach_by=cfg.hierfl_reach_by,
         topology=load_topology(cfg.hierfl_topology) if cfg.hierfl_topology else None,
         tau1=cfg.hierfl_tau1,
         tau2=cfg.hierfl_tau2,

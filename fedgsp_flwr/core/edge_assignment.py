@@ -1430,14 +1430,22 @@ def _scaled_objective(counts: np.ndarray, assignment: np.ndarray, num_edges: int
                       - edge_counts.sum(axis=1, keepdims=True) * total).sum())
 
 
+REACH_BY = ("group", "user")
+
+
 def paper_topology(counts: np.ndarray, num_edges: int, reach_per_user: int,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                   rng: np.random.Generator, *, reach_by: str = "group"
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """The paper's setting: every edge originally holds users of only 2 classes, and
     every user is in range of ``reach_per_user`` edges, its original one among them.
 
     Edge e holds classes 2e and 2e + 1 (mod F). A user goes, by its most frequent class,
     to the edges holding that class, in turn; a class no edge holds (F > 2E) goes to
-    the edges in turn. The other reachable edges are drawn at random.
+    the edges in turn. The other reachable edges are drawn at random: once per group of
+    users with the same original edge and most frequent class (``reach_by="group"``,
+    the paper's groups of users "with the same classes' distribution" near the same
+    edges, which Algorithm 1 splits over them), or for each user on its own
+    (``"user"``: nearly every user is then a group of one).
 
     Parameters
     ----------
@@ -1449,6 +1457,8 @@ def paper_topology(counts: np.ndarray, num_edges: int, reach_per_user: int,
         r, in [1, E].
     rng : np.random.Generator
         Randomness of the extra reachable edges.
+    reach_by : str
+        ``group`` or ``user`` (see above).
 
     Returns
     -------
@@ -1458,11 +1468,13 @@ def paper_topology(counts: np.ndarray, num_edges: int, reach_per_user: int,
     Raises
     ------
     ValueError
-        If E < 1 or r is outside [1, E].
+        If E < 1, r is outside [1, E] or ``reach_by`` is unknown.
     """
     if num_edges < 1 or not 1 <= reach_per_user <= num_edges:
         raise ValueError(f"need edges >= 1 and 1 <= r <= edges, got {num_edges} edges, "
                          f"r={reach_per_user}")
+    if reach_by not in REACH_BY:
+        raise ValueError(f"reach_by must be one of {REACH_BY}, got {reach_by!r}")
     counts = np.asarray(counts)
     n_users, n_classes = counts.shape
     holders = [[e for e in range(num_edges) if c in {(2 * e) % n_classes,
@@ -1470,15 +1482,20 @@ def paper_topology(counts: np.ndarray, num_edges: int, reach_per_user: int,
                or list(range(num_edges)) for c in range(n_classes)]
     turn = np.zeros(n_classes, dtype=np.int64)
     original = np.empty(n_users, dtype=np.int64)
-    for u, c in enumerate(np.argmax(counts, axis=1)):
+    dominant = np.argmax(counts, axis=1)
+    for u, c in enumerate(dominant):
         original[u] = holders[c][turn[c] % len(holders[c])]
         turn[c] += 1
     reach = np.zeros((num_edges, n_users), dtype=bool)
     reach[original, np.arange(n_users)] = True
     if reach_per_user > 1:
+        drawn: dict[tuple[int, int], np.ndarray] = {}
         for u in range(n_users):
-            others = [e for e in range(num_edges) if e != original[u]]
-            reach[rng.choice(others, reach_per_user - 1, replace=False), u] = True
+            key = (int(original[u]), int(dominant[u]) if reach_by == "group" else -1 - u)
+            if key not in drawn:
+                others = [e for e in range(num_edges) if e != original[u]]
+                drawn[key] = rng.choice(others, reach_per_user - 1, replace=False)
+            reach[drawn[key], u] = True
     return reach, original
 
 

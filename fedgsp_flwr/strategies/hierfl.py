@@ -15,6 +15,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.edge_assignment import (
     POLICIES,
+    REACH_BY,
     AssignmentProblem,
     Topology,
     assign,
@@ -66,6 +67,10 @@ class HierFL(ServerSideRound):
         :func:`~fedgsp_flwr.core.edge_assignment.paper_topology`). A node whose
         node config states its edges (``edges="0,3"``, reported with its histogram)
         reaches those instead.
+    reach_by : str (default: "group")
+        How a generated topology draws the extra edges: once per group of users with the
+        same original edge and class (``group``, the paper's groups of similar users near
+        the same edges) or per user (``user``).
     topology : Topology | None (default: None)
         A given topology, user i being the node with partition id i; overrides the
         generated one.
@@ -93,6 +98,7 @@ class HierFL(ServerSideRound):
         policy: str = "heuristic",
         num_edges: int = 10,
         reach_per_user: int = 2,
+        reach_by: str = "group",
         topology: Topology | None = None,
         tau1: int = 1,
         tau2: int = 2,
@@ -107,6 +113,7 @@ class HierFL(ServerSideRound):
             (policy in POLICIES, f"policy must be one of {POLICIES}"),
             (num_edges >= 1, "num_edges must be >= 1"),
             (1 <= reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
+            (reach_by in REACH_BY, f"reach_by must be one of {REACH_BY}, got {reach_by!r}"),
             (tau1 >= 1 and tau2 >= 1, "tau1 and tau2 must be >= 1"),
             (time_limit > 0, f"time_limit must be > 0, got {time_limit}"),
             (size_tolerance >= 0, "size_tolerance must be >= 0"),
@@ -115,6 +122,7 @@ class HierFL(ServerSideRound):
         ]
         check_parameters("HierFL", checks)
         self.policy, self.num_edges, self.reach_per_user = policy, num_edges, reach_per_user
+        self.reach_by = reach_by
         self.topology = topology
         self.tau1, self.tau2 = tau1, tau2
         self.time_limit, self.size_tolerance = time_limit, size_tolerance
@@ -134,7 +142,7 @@ class HierFL(ServerSideRound):
     def summary(self) -> None:
         """Log HierFL's settings, then FedAvg's."""
         where = ("a topology file" if self.topology is not None else
-                 f"{self.num_edges} edges, r={self.reach_per_user}")
+                 f"{self.num_edges} edges, r={self.reach_per_user} by {self.reach_by}")
         log(INFO, "\t├──> HierFL: %s assignment over %s, tau1=%d, tau2=%d", self.policy,
             where, self.tau1, self.tau2)
         super().summary()
@@ -191,7 +199,8 @@ class HierFL(ServerSideRound):
         new = [i for i, u in enumerate(users) if u not in self._generated]
         if new:
             reach, original = paper_topology(counts[new], self.num_edges,
-                                             self.reach_per_user, self.rng)
+                                             self.reach_per_user, self.rng,
+                                             reach_by=self.reach_by)
             for j, i in enumerate(new):
                 self._generated[users[i]] = (reach[:, j], int(original[j]))
         reach = np.stack([self._generated[u][0] for u in users], axis=1)

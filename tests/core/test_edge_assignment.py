@@ -114,10 +114,11 @@ def test_every_policy_respects_reachability_and_capacity(policy: str) -> None:
 
 def paper_problem(rng: np.random.Generator, n: int, e: int, r: int
                   ) -> tuple[AssignmentProblem, np.ndarray]:
-    """The paper's setting: user u holds class u mod 10 (20-100 examples), r edges."""
+    """The paper's setting: user u holds class u mod 10 (20-100 examples), r edges,
+    drawn per user (nearly every user a group of one: the searches' harder instances)."""
     counts = np.zeros((n, 10), dtype=np.int64)
     counts[np.arange(n), np.arange(n) % 10] = rng.integers(20, 101, n)
-    reach, original = paper_topology(counts, e, r, rng)
+    reach, original = paper_topology(counts, e, r, rng, reach_by="user")
     return AssignmentProblem(counts, reach), original
 
 
@@ -181,6 +182,23 @@ def test_paper_topology_gives_each_edge_two_classes_and_r_reachable_edges() -> N
     assert one.all()
     with pytest.raises(ValueError, match="1 <= r <= edges"):
         paper_topology(counts, 10, 11, np.random.default_rng(0))
+
+
+def test_a_group_of_one_class_on_one_edge_shares_its_reach_unless_drawn_per_user() -> None:
+    counts = np.zeros((100, 10), dtype=np.int64)
+    counts[np.arange(100), np.arange(100) % 10] = 30
+    for reach_by in ("group", "user"):
+        reach, original = paper_topology(counts, 10, 2, np.random.default_rng(0),
+                                         reach_by=reach_by)
+        assert_paper_shape(counts, reach, original, 2)
+        groups: dict[tuple[int, int], set[bytes]] = {}
+        for u in range(100):
+            groups.setdefault((int(original[u]), u % 10), set()).add(reach[:, u].tobytes())
+        assert len(groups) == 20  # 10 edges x their 2 classes, 5 users each
+        shared = all(len(columns) == 1 for columns in groups.values())
+        assert shared == (reach_by == "group"), reach_by
+    with pytest.raises(ValueError, match="reach_by must be one of"):
+        paper_topology(counts, 10, 2, np.random.default_rng(0), reach_by="edge")
 
 
 def test_infeasible_inputs_are_clear_errors() -> None:
