@@ -26,7 +26,8 @@ Experiment file::
     final-rounds = 5                # optional: a run's final accuracy is the mean over
                                     # its last 5 rounds (default 1: the last round)
     loss-metric = "eval-loss"       # optional: the loss summarised beside it, over the
-                                    # same rounds (default central-loss)
+                                    # same rounds (default: the metric's twin,
+                                    # eval-acc -> eval-loss, central-acc -> central-loss)
 
     [run-config]                    # shared by every run (keys of pyproject's config)
     dataset = "mnist"
@@ -147,7 +148,7 @@ class Experiment:
         ``central-loss`` (the global model on the server's test set) or a client
         metric such as ``eval-loss``, which clustered and personalised strategies need
         (their central model serves no client). Default: ``metric``'s twin
-        (:func:`loss_twin`).
+        (:func:`loss_twin`) when loaded from a file; ``central-loss`` when built here.
     paper : dict[str, dict[str, float | str]]
         Label -> the paper's numbers for it, as printed (``acc`` and ``acc-std`` in %,
         ``loss``, ``loss-std``, ``rounds``: to the paper's target, or ``"never"``).

@@ -64,6 +64,11 @@ RESUMABLE_CHANGES = frozenset({
 })
 
 
+# Keys added after checkpoints were written, with the value that keeps the method of the
+# code that wrote them: a checkpoint without one resumes with that value (2026-12-02).
+LEGACY_VALUES: dict[str, Any] = {"fesem-weighted": True, "hierfl-reach-by": "user"}
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or does not fit the run."""
 
@@ -220,9 +225,16 @@ def _damaged(folder: str | Path, path: Path, cause: str) -> str:
 
 
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """The run-config keys a resumed run changes that it must not change."""
-    keys = (set(saved) | set(current)) - RESUMABLE_CHANGES
+    """The run-config keys a resumed run changes that it must not change (not the keys
+    the saved config predates: the run resumes with their :func:`legacy_values`).
+    """
+    keys = (set(saved) | set(current)) - RESUMABLE_CHANGES - set(legacy_values(saved))
     return sorted(k for k in keys if saved.get(k) != current.get(k))
+
+
+def legacy_values(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`LEGACY_VALUES` of the keys that the saved run config predates."""
+    return {k: v for k, v in LEGACY_VALUES.items() if k not in saved}
 
 
 def node_map(saved: Mapping[int, int], current: Mapping[int, int]) -> NodeMap:

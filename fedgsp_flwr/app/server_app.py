@@ -37,6 +37,7 @@ from .checkpoint import (
     ResumedRounds,
     capture_global_rngs,
     config_changes,
+    legacy_values,
     load_checkpoint,
     node_map,
     restore_global_rngs,
@@ -422,6 +423,11 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
         The results folder.
     """
     checkpoint = resumable_checkpoint(cfg) if cfg.resume_from else None
+    if checkpoint is not None and (legacy := legacy_values(checkpoint.run_config)):
+        log(INFO, "resume-from: the checkpoint predates %s; the run goes on with %s, "
+            "as it started", ", ".join(legacy),
+            ", ".join(f"{k}={v!r}" for k, v in legacy.items()))
+        cfg = RunConfig.from_mapping({**cfg.to_mapping(), **legacy})
     seed_everything(cfg.seed)
     num_nodes = wait_for_nodes(grid, cfg.min_available_nodes, cfg.node_wait_timeout)
     grid = bounded_node_waits(grid, cfg)

@@ -1445,7 +1445,9 @@ def paper_topology(counts: np.ndarray, num_edges: int, reach_per_user: int,
     users with the same original edge and most frequent class (``reach_by="group"``,
     the paper's groups of users "with the same classes' distribution" near the same
     edges, which Algorithm 1 splits over them), or for each user on its own
-    (``"user"``: nearly every user is then a group of one).
+    (``"user"``: nearly every user is then a group of one). Groups form among the users
+    of one call: HierFL generates the topology of the users it first sees together, so
+    a user that joins later draws its own edges; users without data count as class 0.
 
     Parameters
     ----------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -1042,8 +1043,10 @@ def form_groups(
 
 def sampled_group_count(num_groups: int, kappa: float) -> int:
     """``max(1, floor(kappa * num_groups + 0.5))``: kappa M rounded half up, at least one
-    (Python's ``round`` rounds half to even: 0.3 x 15 = 4.5 would give 4)."""
-    return max(1, math.floor(kappa * num_groups + 0.5))
+    (Python's ``round`` rounds half to even: 0.3 x 15 = 4.5 would give 4). Computed on
+    kappa as written (``Fraction(repr(kappa))``): in floats 0.7 x 45 is 31.4999...
+    """
+    return max(1, math.floor(Fraction(repr(kappa)) * num_groups + Fraction(1, 2)))
 
 
 def sample_groups(num_groups: int, kappa: float, rng: np.random.Generator) -> list[int]:

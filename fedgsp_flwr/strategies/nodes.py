@@ -194,8 +194,12 @@ def collect_reply_list(
 def missing_handler(reply: Message | None) -> bool:
     """Whether a reply is the ClientApp's error for a message type it has no handler
     for, or our handler's error saying it cannot serve the app (``UNSUPPORTED_HOOK_TEXT``).
+    An error saying the node is unreachable says nothing of its handlers, whatever its
+    text (the SuperLink's, or one forged as it).
     """
-    reason = (reply.error.reason or "") if reply is not None and reply.has_error() else ""
+    if reply is None or not reply.has_error() or unreachable(reply):
+        return False
+    reason = reply.error.reason or ""
     return MISSING_HANDLER_TEXT in reason or UNSUPPORTED_HOOK_TEXT in reason
 
 

@@ -27,6 +27,7 @@ from fedgsp_flwr.app.checkpoint import (
     arrays_checksum,
     capture_global_rngs,
     config_changes,
+    legacy_values,
     load_checkpoint,
     save_checkpoint,
 )
@@ -228,6 +229,17 @@ def test_a_0_5_0_run_config_without_node_wait_timeout_resumes() -> None:
     del old["node-wait-timeout"]
     assert config_changes(old, RunConfig.from_mapping({"node-wait-timeout": 30.0})
                           .to_mapping()) == []
+
+
+def test_a_run_config_without_the_keys_added_since_resumes_with_their_old_values() -> None:
+    old = RunConfig().to_mapping()
+    del old["fesem-weighted"], old["hierfl-reach-by"]
+    assert legacy_values(old) == {"fesem-weighted": True, "hierfl-reach-by": "user"}
+    assert config_changes(old, RunConfig().to_mapping()) == []
+    # a checkpoint that has them is held to them
+    new = RunConfig().to_mapping()
+    assert config_changes(new, RunConfig.from_mapping({"fesem-weighted": True})
+                          .to_mapping()) == ["fesem-weighted"]
 
 
 RUN_IDS = itertools.count(7000)

@@ -417,7 +417,8 @@ def test_a_plan_samples_kappa_of_the_groups_and_shuffles_only_their_order() -> N
 
 
 @pytest.mark.parametrize(("num_groups", "kappa", "count"), [
-    (15, 0.3, 5), (5, 0.3, 2), (10, 0.3, 3), (5, 0.1, 1), (1, 0.3, 1), (4, 0.5, 2)])
+    (15, 0.3, 5), (5, 0.3, 2), (10, 0.3, 3), (5, 0.1, 1), (1, 0.3, 1), (4, 0.5, 2),
+    (45, 0.7, 32), (50, 0.29, 15), (90, 0.35, 32)])
 def test_kappa_m_groups_are_sampled_rounded_half_up_and_at_least_one(
         num_groups: int, kappa: float, count: int) -> None:
     assert grouping.sampled_group_count(num_groups, kappa) == count

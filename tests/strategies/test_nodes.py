@@ -7,7 +7,8 @@ import time
 
 import pytest
 from fakegrid import FakeGrid
-from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app import Error, Message, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 
 from fedgsp_flwr.strategies import nodes as nodes_module
 from fedgsp_flwr.strategies.nodes import (
@@ -67,6 +68,16 @@ def test_nodes_without_the_hook_among_nodes_with_it_are_answered_one_by_one() ->
     replies = hooks.collect(grid, messages("query.x", range(3)), timeout=5)
     assert [missing_handler(r) for r in replies] == [False, True, False]
     assert hooks.has("query.x"), "the probe answered: the type is there"
+
+
+def test_an_unreachable_error_never_says_a_hook_is_missing() -> None:
+    message = messages("query.x", range(3, 4))[0]
+    message.metadata.__dict__["_message_id"] = "m3"
+    text = f"no {nodes_module.MISSING_HANDLER_TEXT} 'query.x'"
+    for code, missing in ((ErrorCode.NODE_UNAVAILABLE, False),
+                          (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, True)):
+        reply = Message(Error(code=int(code), reason=text), reply_to=message)
+        assert missing_handler(reply) is missing, code
 
 
 def test_replies_stay_aligned_when_the_grid_refuses_a_push() -> None:

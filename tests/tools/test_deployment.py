@@ -152,9 +152,14 @@ def runs(secure_federation: LocalFederation) -> Runs:
         fed.run, {**QUICKSTART_RUN, "out-dir": str(folder / "quickstart" / "out")},
         log_path=folder / "quickstart" / "run.log", timeout=1500,
         app_dir=quickstart_app(folder / "quickstart"))
-    with ThreadPoolExecutor(len(jobs)) as pool:
+    pool = ThreadPoolExecutor(len(jobs))
+    try:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
         outcomes = {name: future.result() for name, future in futures.items()}
+    finally:
+        # Interrupted (Ctrl-C, a test timeout): do not wait for the other runs; closing
+        # the federation stops them.
+        pool.shutdown(wait=False, cancel_futures=True)
     return Runs(outcomes, folder, batch_of)
 
 

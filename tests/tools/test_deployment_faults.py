@@ -122,7 +122,7 @@ def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
         # every node trains.
         rounds, log, victim_log = crash_and_return(
             fed, {"strategy": "fedgsp", "fedgsp-kappa": 1.0,
-                  "fedgsp-icg-leftover": "distribute", "query-timeout": 20.0},
+                  "fedgsp-icg-leftover": "distribute", "query-timeout": LIVE_REPLY_TIMEOUT},
             tmp_path / "results", "train", nth=1)
     # Round 1: the lost hop is skipped and the first hop's model goes on to the third.
     assert rounds[1]["hops"] == 3 and rounds[1]["skipped-nodes"] == 1
@@ -140,7 +140,7 @@ def test_a_node_killed_mid_stocfl_round_is_skipped_and_a_returning_node_rejoins(
         tmp_path: Path) -> None:
     with LocalFederation(APP_DIR, tmp_path / "fed", node_env=DEPLOYMENT_NODE_ENV) as fed:
         rounds, _log, victim_log = crash_and_return(
-            fed, {"strategy": "stocfl", "query-timeout": 30.0},
+            fed, {"strategy": "stocfl", "query-timeout": LIVE_REPLY_TIMEOUT},
             tmp_path / "results", "train.bilevel", nth=0)
     # Round 1 completes with the two other replies within the round's timeout.
     assert rounds[1]["train-replies"] == 2 and rounds[1]["train-rejected"] == 1
