@@ -21,8 +21,11 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from logging import WARNING
 from pathlib import Path
 from typing import Any, Self
+
+from flwr.common.logger import log
 
 # Ray starts its workers (the simulation's ClientApp actors) at niceness 15: they give
 # the cores up to any process at 0 (the engine's own threads, the SuperLink, ...), so a
@@ -80,6 +83,13 @@ def failure_cause(log: str) -> str | None:
     """The last exception line (``SomeError: message``) of a run's log, if any."""
     lines = EXCEPTION_LINE.findall(log)
     return lines[-1].strip() if lines else None
+
+
+# Flower's CLI waits 15 s for the local SuperLink it starts (LOCAL_SUPERLINK_STARTUP_TIMEOUT
+# in flwr 1.42), then kills it: too short on a loaded machine (2026-12-02: two e2e runs
+# beside an experiment and a CI run). Such a run never started: it is launched again.
+SUPERLINK_SLOW_TEXT = "Failed to start local SuperLink within"
+SUPERLINK_START_ATTEMPTS = 3
 
 
 def logged_run_id(log_path: Path) -> str | None:
@@ -143,6 +153,10 @@ class FlwrCli:
                app_dir: str | Path | None = None) -> RunOutcome:
         """Run ``flwr run <app> [connection] --stream --run-config ... <args>`` to its end.
 
+        A run that never started because Flower's CLI gave up on starting its local
+        SuperLink (``SUPERLINK_SLOW_TEXT``) is launched again, up to
+        ``SUPERLINK_START_ATTEMPTS`` times in all.
+
         Parameters
         ----------
         args : list[str]
@@ -165,6 +179,20 @@ class FlwrCli:
         """
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, SUPERLINK_START_ATTEMPTS + 1):
+            outcome = self._launch_once(args, run_config, log_path, timeout, connection,
+                                        app_dir)
+            if outcome.run_id is not None or attempt == SUPERLINK_START_ATTEMPTS or (
+                    SUPERLINK_SLOW_TEXT not in log_path.read_text(errors="replace")):
+                break
+            log(WARNING, "flwr run: Flower's CLI did not see its local SuperLink start "
+                "within its 15 s (a loaded machine?); launching again (attempt %d of %d, "
+                "log %s)", attempt + 1, SUPERLINK_START_ATTEMPTS, log_path)
+        return outcome
+
+    def _launch_once(self, args: list[str], run_config: Mapping[str, Any], log_path: Path,
+                     timeout: float, connection: str, app_dir: str | Path | None
+                     ) -> RunOutcome:
         app = Path(app_dir).resolve() if app_dir is not None else self.app_dir
         cmd = [self.flwr, "run", str(app), *([connection] if connection else []),
                "--stream", "--run-config", config_string(run_config), *args]

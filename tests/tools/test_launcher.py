@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedgsp_flwr.tools.launcher import LocalSimulation, is_running
+from fedgsp_flwr.tools import launcher
+from fedgsp_flwr.tools.launcher import FlwrCli, LocalSimulation, is_running
 
 # A ClientApp worker: on SIGTERM it writes whether the ServerApp process was still there.
 CLIENT = """
@@ -105,3 +106,40 @@ def test_an_interrupted_launch_kills_its_flwr_run_and_stops_the_run(tmp_path: Pa
         raise AssertionError("the interruption did not reach the caller")
     assert started and started[0].poll() is not None, "flwr run still streaming"
     assert (fake.parent / "stopped").read_text() == "42"
+
+
+# A stand-in for the `flwr` CLI: `run` fails as Flower's does when its local SuperLink is
+# slow to start, until the attempt given by the file `succeed-at`; `ls` reports the run.
+SLOW_SUPERLINK_FLWR = """#!{python}
+import json, sys
+from pathlib import Path
+home = Path(__file__).parent
+if sys.argv[1] == "run":
+    tries = home / "tries"
+    n = int(tries.read_text()) + 1 if tries.exists() else 1
+    tries.write_text(str(n))
+    if n < int((home / "succeed-at").read_text()):
+        print("Starting local SuperLink on 127.0.0.1:9093...")
+        print("Failed to start local SuperLink within 15s. See logs at x.")
+        sys.exit(1)
+    print("Successfully started run 4242")
+elif sys.argv[1] == "ls":
+    print(json.dumps({{"runs": [{{"status": "finished:completed"}}]}}))
+"""
+
+
+def test_a_run_whose_local_superlink_was_slow_to_start_is_launched_again(
+        tmp_path: Path) -> None:
+    fake = tmp_path / "flwr"
+    fake.write_text(SLOW_SUPERLINK_FLWR.format(python=sys.executable))
+    fake.chmod(0o755)
+    for succeed_at, status, tries in ((2, "finished:completed", 2),
+                                      (launcher.SUPERLINK_START_ATTEMPTS + 1, "not-started",
+                                       launcher.SUPERLINK_START_ATTEMPTS)):
+        (tmp_path / "tries").unlink(missing_ok=True)
+        (tmp_path / "succeed-at").write_text(str(succeed_at))
+        cli = FlwrCli(tmp_path, tmp_path / "home")
+        cli.flwr = str(fake)
+        outcome = cli.launch([], {}, log_path=tmp_path / "run.log", timeout=60)
+        assert outcome.status == status
+        assert int((tmp_path / "tries").read_text()) == tries
