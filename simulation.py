@@ -193,6 +193,7 @@ class Experiment:
             raise ConfigError(f"{path}: [paper] must be a table of strategy labels")
         paper = dict(raw.get("paper", {}))
         paper_source = str(paper.pop("source", ""))
+        metric = str(raw.get("metric", "central-acc"))
         try:
             exp = cls(
                 name=str(raw["name"]),
@@ -203,12 +204,11 @@ class Experiment:
                 target_accuracy=raw.get("target-accuracy"),
                 reference=raw.get("reference"),
                 timeout=float(raw.get("timeout", 4 * 3600)),
-                metric=str(raw.get("metric", "central-acc")),
+                metric=metric,
                 report=[str(m) for m in raw.get("report", [])],
                 report_rounds=report_rounds(path, raw.get("report-rounds", [])),
                 final_rounds=final_rounds(path, raw.get("final-rounds", 1)),
-                loss_metric=str(raw.get("loss-metric",
-                                        loss_twin(str(raw.get("metric", "central-acc"))))),
+                loss_metric=str(raw.get("loss-metric", loss_twin(metric))),
                 paper=paper_numbers(path, paper, raw.get("strategies", {})),
                 paper_source=paper_source,
                 source=text,
@@ -618,9 +618,9 @@ def paper_rows(exp: Experiment,
     Columns: strategy, metric, seeds, rounds (the runs' last round), final-rounds (the
     accuracy's mean over the runs' last rounds), acc-mean and acc-std (%, population
     std over seeds), loss-metric, loss-mean and loss-std where the runs have the
-    experiment's loss metric, rounds-to-target/-reference where the experiment sets one, the paper's
-    acc, acc-std, loss and rounds (empty where it gives none), and acc-diff (ours minus
-    the paper's, in points).
+    experiment's loss metric, rounds-to-target/-reference where the experiment sets
+    one, the paper's acc, acc-std, loss and rounds (empty where it gives none), and
+    acc-diff (ours minus the paper's, in points).
     """
     rows = []
     for row in summary:

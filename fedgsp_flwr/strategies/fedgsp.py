@@ -36,9 +36,9 @@ class FedGSP(RelayStrategy):
     Every round r the connected nodes are regrouped into M = f(r) groups (ICG over
     their class histograms, or at random), max(1, floor(kappa * M + 0.5)) groups are
     sampled, and each sampled group trains as a sequential chain in shuffled order, all
-    groups in parallel; the global model is the average of the groups' models. Histograms are
-    asked once per node (``query.histogram``); a node that cannot answer is logged once
-    and placed by random grouping.
+    groups in parallel; the global model is the average of the groups' models.
+    Histograms are asked once per node (``query.histogram``); a node that cannot answer
+    is logged once and placed by random grouping.
 
     With ``num_groups`` set, M is fixed: ``grouping="random"`` is NaiveGSP and
     ``grouping="icg"`` NaiveGSP+ICG. As in the paper these two are static: the groups
