@@ -35,11 +35,11 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from threadpoolctl import threadpool_limits
 
+from .core._moved import moved
 from .core.parallel import machine_cores
 from .grids import GridView
+from .protocol import CONFIG, NUM_THREADS
 
-THREADS_KEY = "num-threads"
-CONFIG_KEY = "config"
 # Threads of the ServerApp in simulation, where the ClientApps own every core.
 SIMULATION_SERVER_THREADS = 1
 
@@ -151,13 +151,13 @@ class ThreadHintGrid(GridView):
             if not message.has_content():
                 continue
             content = message.content
-            config = content.config_records.get(CONFIG_KEY, ConfigRecord())
-            if THREADS_KEY in config:
+            config = content.config_records.get(CONFIG, ConfigRecord())
+            if NUM_THREADS in config:
                 continue
             # A fresh record and dict: Flower's strategies share one content object
             # between the messages of a round, and a relay pushes hops at other times.
             records = dict(content.items())
-            records[CONFIG_KEY] = ConfigRecord({**dict(config), THREADS_KEY: threads})
+            records[CONFIG] = ConfigRecord({**dict(config), NUM_THREADS: threads})
             message.content = RecordDict(records)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
@@ -177,3 +177,14 @@ class ThreadHintGrid(GridView):
         messages = list(messages)
         self.hint(messages, len(self.in_flight) + len(messages))
         return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+# Names that moved to fedgsp_flwr.protocol in 0.7.0; they warn until 0.8.0.
+_MOVED = {
+    "THREADS_KEY": "fedgsp_flwr.protocol:NUM_THREADS",
+    "CONFIG_KEY": "fedgsp_flwr.protocol:CONFIG",
+}
+
+
+def __getattr__(name: str) -> object:
+    return moved(__name__, name, _MOVED)

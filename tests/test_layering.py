@@ -1,5 +1,6 @@
-"""The package's architecture: core <- strategies <- app, no import cycles, shallow
-strategy classes, and a library that imports without torch.
+"""The package's architecture: core <- strategies <- app, with protocol (the wire names)
+below strategies and clients; no import cycles, shallow strategy classes, and a library
+that imports without torch.
 
 The import graph is read from the source (every ``import`` statement, also inside
 functions), so a lazy import counts as an edge too.
@@ -21,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedgsp_flwr"
 # Layer of a module (its first sub-package, or its own name) -> top-level names it
 # must not import. Third-party names are checked by their top-level package.
 OURS = ("core", "strategies", "clients", "app", "tools", "data", "models", "training",
-        "threads", "grids")
+        "threads", "grids", "protocol")
 FORBIDDEN: dict[str, set[str]] = {
     "core": {"flwr", "torch", *(f"fedgsp_flwr.{p}" for p in OURS if p != "core")},
     "strategies": {"torch", "fedgsp_flwr.app", "fedgsp_flwr.tools", "fedgsp_flwr.clients",
@@ -33,8 +34,10 @@ FORBIDDEN: dict[str, set[str]] = {
     "training": {"fedgsp_flwr.app", "fedgsp_flwr.tools", "fedgsp_flwr.strategies"},
     "app": {"fedgsp_flwr.tools"},
     "threads": {"torch", *(f"fedgsp_flwr.{p}" for p in OURS
-                           if p not in ("threads", "core", "grids"))},
+                           if p not in ("threads", "core", "grids", "protocol"))},
     "grids": {"torch", *(f"fedgsp_flwr.{p}" for p in OURS if p != "grids")},
+    # the wire names strategies and client handlers share: below both, above nothing
+    "protocol": {"torch", *(f"fedgsp_flwr.{p}" for p in OURS if p != "protocol")},
 }
 
 

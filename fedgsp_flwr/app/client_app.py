@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from ..clients import HANDLERS, ClientHooks, register_hooks, threads_mod
 from ..data import ClientData
 from ..models import build_model
+from ..protocol import NUM_PARTITIONS, PARTITION_ID
 from .config import RunConfig
 from .datasets import load_client_data
 
@@ -33,8 +34,8 @@ def node_partition(context: Context) -> tuple[int, int]:
         If the node config does not set both keys.
     """
     try:
-        return int(context.node_config["partition-id"]), int(
-            context.node_config["num-partitions"]
+        return int(context.node_config[PARTITION_ID]), int(
+            context.node_config[NUM_PARTITIONS]
         )
     except KeyError as err:
         raise ValueError(

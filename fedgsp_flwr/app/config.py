@@ -28,6 +28,7 @@ from ..core.ifca import INITS as IFCA_INITS
 from ..core.multicenter import INITS
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
+from ..protocol import TRAIN
 from ..strategies.fesem import NEW_CLIENTS
 from ..strategies.ida import WEIGHTINGS as IDA_WEIGHTINGS
 from ..strategies.nodes import MAX_POLL_INTERVAL
@@ -226,7 +227,7 @@ class RunConfig:
         False, "rearrange ICG's one-per-cluster draw to equalise group distributions "
         "(ours; false = the paper's random draw)")
     relay_message: str = _setting(
-        "train", "message type of relay hops (train: any ClientApp's train handler; a "
+        TRAIN, "message type of relay hops (train: any ClientApp's train handler; a "
         "node without a train.<name> handler gets train)",
         lambda v: relay_message_type_problem(v) is None, "'train' or 'train.<identifier>'")
     query_timeout: float = _setting(

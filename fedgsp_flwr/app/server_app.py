@@ -26,6 +26,7 @@ from ..models import (
     resolve_model_name,
     training_flops,
 )
+from ..protocol import BATCH_SIZE, LOCAL_EPOCHS, LR, MOMENTUM
 from ..strategies import FedAvg
 from ..strategies.nodes import query_partitions
 from ..strategies.state import record_arrays, to_record
@@ -179,10 +180,10 @@ def training_config(cfg: RunConfig) -> ConfigRecord:
     """The training settings sent to clients with every train message."""
     return ConfigRecord(
         {
-            "lr": cfg.lr,
-            "local-epochs": cfg.local_epochs,
-            "batch-size": cfg.batch_size,
-            "momentum": cfg.momentum,
+            LR: cfg.lr,
+            LOCAL_EPOCHS: cfg.local_epochs,
+            BATCH_SIZE: cfg.batch_size,
+            MOMENTUM: cfg.momentum,
         }
     )
 

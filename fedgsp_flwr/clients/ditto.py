@@ -44,12 +44,24 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..core.ditto import PERSONAL_FLAG, TRAIN_TYPE
 from ..data import ClientData
+from ..protocol import (
+    ARRAYS,
+    EVAL_ACC,
+    EVAL_LOSS,
+    LAMBDA,
+    METRICS,
+    NUM_EXAMPLES,
+    PARTITION_ID,
+    PERSONAL_EPOCHS,
+    PERSONAL_MODEL,
+    PERSONAL_STEPS,
+    SERVER_ROUND,
+    TRAIN_DITTO,
+    TRAIN_LOSS,
+)
 from ..training import evaluate
 from .handlers import (
-    ARRAYS_KEY,
-    METRICS_KEY,
     ClientHooks,
     TrainSettings,
     local_seed,
@@ -91,7 +103,7 @@ class PersonalStore:
     @classmethod
     def of(cls, directory: str | Path, context: Context) -> PersonalStore:
         """The store of the context's node in ``directory``."""
-        partition = context.node_config.get("partition-id")
+        partition = context.node_config.get(PARTITION_ID)
         node = f"node-{context.node_id}" if partition is None else f"partition-{partition}"
         return cls(directory, node)
 
@@ -129,7 +141,7 @@ class PersonalStore:
 
 
 def _server_round(config: ConfigRecord) -> int:
-    value = config.get("server-round")
+    value = config.get(SERVER_ROUND)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(  # noqa: TRY004 - a bad message, as the other config checks
             f"a Ditto message config needs 'server-round' (an integer) to "
@@ -175,10 +187,10 @@ def ditto_lambda(config: ConfigRecord) -> float:
     ValueError
         If it is missing or not a finite number >= 0.
     """
-    lam = config.get("lambda")
+    lam = config.get(LAMBDA)
     if (isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam)
             or lam < 0):
-        raise ValueError(f"a '{TRAIN_TYPE}' message config needs 'lambda', a finite number "
+        raise ValueError(f"a '{TRAIN_DITTO}' message config needs 'lambda', a finite number "
                          f">= 0, got {lam!r}")
     return float(lam)
 
@@ -193,12 +205,12 @@ def personal_settings(config: ConfigRecord, settings: TrainSettings) -> TrainSet
         If either is not an integer >= 0, or both are > 0.
     """
     counts = {}
-    for key in ("personal-epochs", "personal-steps"):
+    for key in (PERSONAL_EPOCHS, PERSONAL_STEPS):
         value = config.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"message config '{key}' must be an integer >= 0, got {value!r}")
         counts[key] = value
-    epochs, steps = counts["personal-epochs"], counts["personal-steps"]
+    epochs, steps = counts[PERSONAL_EPOCHS], counts[PERSONAL_STEPS]
     if epochs and steps:
         raise ValueError("message config sets both 'personal-epochs' and 'personal-steps'; "
                          "set at most one")
@@ -254,17 +266,17 @@ def make_ditto_train_handler(hooks: ClientHooks) -> Callable[[Message, Context],
         stored = load_personal(hooks, context, config, evaluating=False)
         with torch.random.fork_rng(devices=[]):
             personal = _personal_model(hooks, context, data, stored,
-                                       message.content.array_records[ARRAYS_KEY])
+                                       message.content.array_records[ARRAYS])
             personal_result = train_with_settings(personal, data, own, seed, lam, received)
         global_result = train_with_settings(received, data, settings, seed)
         save_personal(hooks, context, config, personal.state_dict())
         metrics = MetricRecord({
-            "train-loss": global_result.loss,
+            TRAIN_LOSS: global_result.loss,
             "personal-train-loss": personal_result.loss,
-            "num-examples": global_result.num_examples,
+            NUM_EXAMPLES: global_result.num_examples,
         })
-        content = RecordDict({ARRAYS_KEY: ArrayRecord(received.state_dict()),
-                              METRICS_KEY: metrics})
+        content = RecordDict({ARRAYS: ArrayRecord(received.state_dict()),
+                              METRICS: metrics})
         return Message(content=content, reply_to=message)
 
     return handle
@@ -284,16 +296,16 @@ def make_ditto_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Contex
         has_personal = stored is not None
         if has_personal:
             personal = _personal_model(hooks, context, data, stored,
-                                       message.content.array_records[ARRAYS_KEY])
+                                       message.content.array_records[ARRAYS])
             loss, accuracy = evaluate(personal, data.x_test, data.y_test)
         metrics = MetricRecord({
-            "eval-loss": loss,
-            "eval-acc": accuracy,
-            "num-examples": len(data.y_test),
+            EVAL_LOSS: loss,
+            EVAL_ACC: accuracy,
+            NUM_EXAMPLES: len(data.y_test),
             "eval-loss-global": global_loss,
             "eval-acc-global": global_acc,
-            PERSONAL_FLAG: int(has_personal),
+            PERSONAL_MODEL: int(has_personal),
         })
-        return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=message)
+        return Message(content=RecordDict({METRICS: metrics}), reply_to=message)
 
     return handle

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from flwr.app import Context, Message
 
 from ..core.fusion import PREFIX, split_fusion
-from ..core.hooks import UNSUPPORTED_HOOK_TEXT
+from ..protocol import ARRAYS, UNSUPPORTED_HOOK_TEXT
 from .fusion import UnfusableModel
-from .handlers import ARRAYS_KEY, ClientHooks, make_train_handler
+from .handlers import ClientHooks, make_train_handler
 
 
 def make_fedfusion_handler(hooks: ClientHooks) -> Callable[[Message, Context], Message]:
@@ -39,10 +39,10 @@ def make_fedfusion_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
     train = make_train_handler(hooks)
 
     def handle(message: Message, context: Context) -> Message:
-        record = message.content.array_records.get(ARRAYS_KEY)
+        record = message.content.array_records.get(ARRAYS)
         if record is None or not split_fusion(list(record.keys()))[1]:
             raise ValueError(f"a '{message.metadata.message_type}' message needs the model "
-                             f"with its fusion module (arrays '{PREFIX}*') in '{ARRAYS_KEY}'")
+                             f"with its fusion module (arrays '{PREFIX}*') in '{ARRAYS}'")
         try:
             return train(message, context)
         except UnfusableModel as err:

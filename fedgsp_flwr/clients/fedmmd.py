@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..core.fedmmd import SIGMAS, TRAIN_TYPE, WEIGHT_KEY
+from ..core.fedmmd import SIGMAS
+from ..protocol import ARRAYS, METRICS, MMD_WEIGHT, NUM_EXAMPLES, TRAIN_FEDMMD, TRAIN_LOSS
 from .handlers import (
-    ARRAYS_KEY,
-    METRICS_KEY,
     ClientHooks,
     TrainSettings,
     local_seed,
@@ -78,10 +77,10 @@ def mmd_weight(config: ConfigRecord) -> float:
     ValueError
         If it is missing or not a finite number >= 0.
     """
-    value = config.get(WEIGHT_KEY)
+    value = config.get(MMD_WEIGHT)
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value < 0):
-        raise ValueError(f"a '{TRAIN_TYPE}' message config needs '{WEIGHT_KEY}', a finite "
+        raise ValueError(f"a '{TRAIN_FEDMMD}' message config needs '{MMD_WEIGHT}', a finite "
                          f"number >= 0, got {value!r}")
     return float(value)
 
@@ -118,9 +117,9 @@ def make_fedmmd_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mess
         result = train_with_settings(model, data, settings, local_seed(context, config),
                                      penalty=penalty)
         content = RecordDict({
-            ARRAYS_KEY: ArrayRecord(model.state_dict()),
-            METRICS_KEY: MetricRecord({"train-loss": result.loss,
-                                       "num-examples": result.num_examples}),
+            ARRAYS: ArrayRecord(model.state_dict()),
+            METRICS: MetricRecord({TRAIN_LOSS: result.loss,
+                                       NUM_EXAMPLES: result.num_examples}),
         })
         return Message(content=content, reply_to=message)
 

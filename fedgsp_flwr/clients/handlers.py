@@ -1,6 +1,7 @@
 """Message handlers that any Flower ClientApp can register.
 
-Message types and contents (record keys are constants of this module):
+Message types and contents (their names are the constants of
+:mod:`fedgsp_flwr.protocol`, whose ``MESSAGES`` table says the same):
 
 ``train``
     in: ``arrays`` (model), ``config`` (``lr``, ``local-epochs`` or ``local-steps``,
@@ -63,8 +64,38 @@ from flwr.app import (
     RecordDict,
 )
 
+from ..core._moved import moved
 from ..data import ClientData
-from ..threads import CONFIG_KEY
+from ..protocol import (
+    ARRAYS,
+    BATCH_SIZE,
+    CLUSTER,
+    CLUSTER_ID,
+    CONFIG,
+    EDGES,
+    EVAL_ACC,
+    EVAL_LOSS,
+    GLOBAL,
+    HISTOGRAM,
+    LAMBDA,
+    LOCAL_EPOCHS,
+    LOCAL_STEPS,
+    LR,
+    METRICS,
+    MOMENTUM,
+    NUM_EXAMPLES,
+    PARTITION_ID,
+    PROXIMAL_MU,
+    RELAY_GROUP,
+    RELAY_HOP,
+    SERVER_ROUND,
+    SKETCH,
+    SKETCH_DIM,
+    SKETCH_EPOCHS,
+    SKETCH_MODE,
+    SKETCH_SEED,
+    TRAIN_LOSS,
+)
 from ..training import TrainResult, evaluate, train
 from .privacy import laplace_histogram
 from .sketches import compute_sketch
@@ -75,12 +106,6 @@ MetricValue = int | float | list[int] | list[float]
 if TYPE_CHECKING:
     import torch
 
-ARRAYS_KEY = "arrays"
-METRICS_KEY = "metrics"
-HISTOGRAM_KEY = "histogram"
-SKETCH_KEY = "sketch"
-GLOBAL_KEY = "global"
-CLUSTER_KEY = "cluster"
 # A DataLoader's dict batches: the label under one of these keys.
 LABEL_KEYS = ("label", "labels", "y", "target", "targets", "character", "fine_label")
 DataSource = Any
@@ -127,12 +152,12 @@ class TrainSettings:
             return value
 
         settings = cls(
-            local_epochs=int(number("local-epochs", defaults.local_epochs)),
-            lr=float(number("lr", defaults.lr)),
-            batch_size=int(number("batch-size", defaults.batch_size)),
-            momentum=float(number("momentum", defaults.momentum)),
-            proximal_mu=float(number("proximal-mu", defaults.proximal_mu)),
-            local_steps=int(number("local-steps", defaults.local_steps)),
+            local_epochs=int(number(LOCAL_EPOCHS, defaults.local_epochs)),
+            lr=float(number(LR, defaults.lr)),
+            batch_size=int(number(BATCH_SIZE, defaults.batch_size)),
+            momentum=float(number(MOMENTUM, defaults.momentum)),
+            proximal_mu=float(number(PROXIMAL_MU, defaults.proximal_mu)),
+            local_steps=int(number(LOCAL_STEPS, defaults.local_steps)),
         )
         if (settings.local_epochs < 1 or settings.batch_size < 1 or settings.lr <= 0
                 or not 0 <= settings.momentum < 1 or settings.proximal_mu < 0
@@ -270,7 +295,7 @@ def _output_width(model: torch.nn.Module, x: np.ndarray) -> int:
 
 def model_from_message(
     message: Message, hooks: ClientHooks, context: Context, data: ClientData,
-    key: str = ARRAYS_KEY,
+    key: str = ARRAYS,
 ) -> torch.nn.Module:
     """Build the app's model and load the message's ArrayRecord ``key`` into it.
 
@@ -311,17 +336,17 @@ def model_from_message(
 def message_config(message: Message) -> ConfigRecord:
     """The message's ConfigRecord ``config`` (empty if it has none)."""
     records = message.content.config_records
-    return records[CONFIG_KEY] if CONFIG_KEY in records else ConfigRecord()
+    return records[CONFIG] if CONFIG in records else ConfigRecord()
 
 
 def local_seed(context: Context, config: ConfigRecord) -> int:
     """A training seed unique to (run seed, node, round, relay hop), stable across runs."""
     parts = (
         context.run_config.get("seed", 0),
-        context.node_config.get("partition-id", context.node_id),
-        config.get("server-round", 0),
-        config.get("relay-group", -1),
-        config.get("relay-hop", -1),
+        context.node_config.get(PARTITION_ID, context.node_id),
+        config.get(SERVER_ROUND, 0),
+        config.get(RELAY_GROUP, -1),
+        config.get(RELAY_HOP, -1),
     )
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
 
@@ -334,9 +359,9 @@ def _vector_reply(
     The node's ``partition-id``, when its node config has one, goes along: it gives
     servers an order of nodes that is the same in every run (node ids are random).
     """
-    metrics = MetricRecord({"num-examples": num_examples, **partition_metric(context)})
+    metrics = MetricRecord({NUM_EXAMPLES: num_examples, **partition_metric(context)})
     content = RecordDict(
-        {key: ArrayRecord({key: Array(vector)}), METRICS_KEY: metrics}
+        {key: ArrayRecord({key: Array(vector)}), METRICS: metrics}
     )
     return Message(content=content, reply_to=message)
 
@@ -352,12 +377,12 @@ def make_train_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messa
         model = model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         result = train_with_settings(model, data, settings, local_seed(context, config))
-        metrics: dict[str, MetricValue] = {"train-loss": result.loss,
-                                           "num-examples": result.num_examples}
+        metrics: dict[str, MetricValue] = {TRAIN_LOSS: result.loss,
+                                           NUM_EXAMPLES: result.num_examples}
         content = RecordDict(
             {
-                ARRAYS_KEY: ArrayRecord(model.state_dict()),
-                METRICS_KEY: MetricRecord(metrics),
+                ARRAYS: ArrayRecord(model.state_dict()),
+                METRICS: MetricRecord(metrics),
             }
         )
         return Message(content=content, reply_to=message)
@@ -421,10 +446,10 @@ def make_bilevel_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mes
     def handle(message: Message, context: Context) -> Message:
         config = message_config(message)
         data = hooks.client_data(context)
-        received = model_from_message(message, hooks, context, data, GLOBAL_KEY)
-        cluster = model_from_message(message, hooks, context, data, CLUSTER_KEY)
+        received = model_from_message(message, hooks, context, data, GLOBAL)
+        cluster = model_from_message(message, hooks, context, data, CLUSTER)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
-        lam = config.get("lambda", 0.0)
+        lam = config.get(LAMBDA, 0.0)
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
             raise ValueError(f"message config 'lambda' must be a number >= 0, got {lam!r}")
         seed = local_seed(context, config)
@@ -432,14 +457,14 @@ def make_bilevel_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mes
                                              received)
         global_result = train_with_settings(received, data, settings, seed, 0.0)
         metrics = MetricRecord({
-            "train-loss": cluster_result.loss,
+            TRAIN_LOSS: cluster_result.loss,
             "global-train-loss": global_result.loss,
-            "num-examples": cluster_result.num_examples,
+            NUM_EXAMPLES: cluster_result.num_examples,
         })
         content = RecordDict({
-            GLOBAL_KEY: ArrayRecord(received.state_dict()),
-            CLUSTER_KEY: ArrayRecord(cluster.state_dict()),
-            METRICS_KEY: metrics,
+            GLOBAL: ArrayRecord(received.state_dict()),
+            CLUSTER: ArrayRecord(cluster.state_dict()),
+            METRICS: metrics,
         })
         return Message(content=content, reply_to=message)
 
@@ -454,9 +479,9 @@ def make_evaluate_handler(hooks: ClientHooks) -> Callable[[Message, Context], Me
         model = model_from_message(message, hooks, context, data)
         loss, accuracy = evaluate(model, data.x_test, data.y_test)
         metrics = MetricRecord(
-            {"eval-loss": loss, "eval-acc": accuracy, "num-examples": len(data.y_test)}
+            {EVAL_LOSS: loss, EVAL_ACC: accuracy, NUM_EXAMPLES: len(data.y_test)}
         )
-        return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=message)
+        return Message(content=RecordDict({METRICS: metrics}), reply_to=message)
 
     return handle
 
@@ -479,9 +504,9 @@ def histogram_epsilon(context: Context) -> float:
 
 def partition_metric(context: Context) -> dict[str, MetricValue]:
     """``{"partition-id": p}`` if the node config has an integer ``partition-id``."""
-    partition = context.node_config.get("partition-id")
+    partition = context.node_config.get(PARTITION_ID)
     if isinstance(partition, int) and not isinstance(partition, bool):
-        return {"partition-id": partition}
+        return {PARTITION_ID: partition}
     return {}
 
 
@@ -492,7 +517,7 @@ def make_partition_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
 
     def handle(message: Message, context: Context) -> Message:
         metrics = MetricRecord(partition_metric(context))
-        return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=message)
+        return Message(content=RecordDict({METRICS: metrics}), reply_to=message)
 
     return handle
 
@@ -507,14 +532,14 @@ def make_histogram_handler(hooks: ClientHooks) -> Callable[[Message, Context], M
         data = hooks.client_data(context)
         counts = data.histogram()
         if (epsilon := histogram_epsilon(context)) > 0:
-            seed = local_seed(context, ConfigRecord({"server-round": -1}))
+            seed = local_seed(context, ConfigRecord({SERVER_ROUND: -1}))
             counts = laplace_histogram(counts, epsilon, np.random.default_rng(seed))
-        reply = _vector_reply(message, context, HISTOGRAM_KEY, counts,
+        reply = _vector_reply(message, context, HISTOGRAM, counts,
                               max(1, int(counts.sum())) if epsilon > 0 else len(data.y_train))
         if (edges := node_edges(context)) is not None:
-            reply.content.metric_records[METRICS_KEY]["edges"] = edges
+            reply.content.metric_records[METRICS][EDGES] = edges
         if (cluster := node_cluster_id(context)) is not None:
-            reply.content.metric_records[METRICS_KEY]["cluster-id"] = cluster
+            reply.content.metric_records[METRICS][CLUSTER_ID] = cluster
         return reply
 
     return handle
@@ -528,7 +553,7 @@ def node_edges(context: Context) -> list[int] | None:
     ValueError
         If the value is not a list of edge indices >= 0.
     """
-    value = context.node_config.get("edges")
+    value = context.node_config.get(EDGES)
     if value is None:
         return None
     try:
@@ -549,7 +574,7 @@ def node_cluster_id(context: Context) -> int | None:
     ValueError
         If the value is not an integer >= 0.
     """
-    value = context.node_config.get("cluster-id")
+    value = context.node_config.get(CLUSTER_ID)
     if value is None:
         return None
     try:
@@ -573,18 +598,33 @@ def make_sketch_handler(hooks: ClientHooks) -> Callable[[Message, Context], Mess
         model = model_from_message(message, hooks, context, data)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         options = {}
-        for key, default in (("sketch-epochs", 1), ("sketch-dim", 0), ("sketch-seed", 0)):
+        for key, default in ((SKETCH_EPOCHS, 1), (SKETCH_DIM, 0), (SKETCH_SEED, 0)):
             value = config.get(key, default)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"message config '{key}' must be an integer >= 0, "
                                  f"got {value!r}")
             options[key] = value
         sketch = compute_sketch(
-            model, data.x_train, data.y_train, mode=str(config.get("sketch-mode", "gradient")),
-            epochs=max(1, options["sketch-epochs"]), lr=settings.lr,
+            model, data.x_train, data.y_train, mode=str(config.get(SKETCH_MODE, "gradient")),
+            epochs=max(1, options[SKETCH_EPOCHS]), lr=settings.lr,
             batch_size=settings.batch_size, seed=local_seed(context, config),
-            dim=options["sketch-dim"], projection_seed=options["sketch-seed"],
+            dim=options[SKETCH_DIM], projection_seed=options[SKETCH_SEED],
         )
-        return _vector_reply(message, context, SKETCH_KEY, sketch, len(data.y_train))
+        return _vector_reply(message, context, SKETCH, sketch, len(data.y_train))
 
     return handle
+
+
+# Names that moved to fedgsp_flwr.protocol in 0.7.0; they warn until 0.8.0.
+_MOVED = {
+    "ARRAYS_KEY": "fedgsp_flwr.protocol:ARRAYS",
+    "METRICS_KEY": "fedgsp_flwr.protocol:METRICS",
+    "HISTOGRAM_KEY": "fedgsp_flwr.protocol:HISTOGRAM",
+    "SKETCH_KEY": "fedgsp_flwr.protocol:SKETCH",
+    "GLOBAL_KEY": "fedgsp_flwr.protocol:GLOBAL",
+    "CLUSTER_KEY": "fedgsp_flwr.protocol:CLUSTER",
+}
+
+
+def __getattr__(name: str) -> object:
+    return moved(__name__, name, _MOVED)

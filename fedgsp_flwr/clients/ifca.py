@@ -21,17 +21,21 @@ from collections.abc import Callable
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from ..core.ifca import (
-    CHOICE_METRIC,
-    LOSSES_METRIC,
-    MODEL_PREFIX,
-    model_record,
     pick_model,
     reported_losses,
 )
+from ..protocol import (
+    ARRAYS,
+    IFCA_CHOICE,
+    IFCA_LOSSES,
+    IFCA_MODEL_PREFIX,
+    METRICS,
+    NUM_EXAMPLES,
+    TRAIN_LOSS,
+    ifca_model_record,
+)
 from ..training import evaluate
 from .handlers import (
-    ARRAYS_KEY,
-    METRICS_KEY,
     ClientHooks,
     TrainSettings,
     local_seed,
@@ -40,7 +44,7 @@ from .handlers import (
     train_with_settings,
 )
 
-_MODEL_NAME = re.compile(rf"{re.escape(MODEL_PREFIX)}(\d+)")
+_MODEL_NAME = re.compile(rf"{re.escape(IFCA_MODEL_PREFIX)}(\d+)")
 
 
 def model_count(message: Message) -> int:
@@ -56,7 +60,7 @@ def model_count(message: Message) -> int:
     if not indices or indices != list(range(len(indices))):
         raise ValueError(
             f"a '{message.metadata.message_type}' message must carry ArrayRecords "
-            f"{model_record(0)} ... {model_record(len(indices) - 1 if indices else 0)}, "
+            f"{ifca_model_record(0)} ... {ifca_model_record(len(indices) - 1 if indices else 0)}, "
             f"got {sorted(message.content.array_records)}")
     return len(indices)
 
@@ -76,23 +80,23 @@ def make_ifca_handler(hooks: ClientHooks) -> Callable[[Message, Context], Messag
         data = hooks.client_data(context)
         settings = TrainSettings.from_config(config, hooks.defaults(context))
         records = message.content.array_records
-        model = model_from_message(message, hooks, context, data, model_record(0))
+        model = model_from_message(message, hooks, context, data, ifca_model_record(0))
         losses = []
         for index in range(k):
             if index:
-                model.load_state_dict(records[model_record(index)].to_torch_state_dict())
+                model.load_state_dict(records[ifca_model_record(index)].to_torch_state_dict())
             losses.append(evaluate(model, data.x_train, data.y_train)[0])
         choice = pick_model(losses)
-        model.load_state_dict(records[model_record(choice)].to_torch_state_dict())
+        model.load_state_dict(records[ifca_model_record(choice)].to_torch_state_dict())
         result = train_with_settings(model, data, settings, local_seed(context, config))
         metrics = MetricRecord({
-            "train-loss": result.loss,
-            "num-examples": result.num_examples,
-            CHOICE_METRIC: choice,
-            LOSSES_METRIC: reported_losses(losses),
+            TRAIN_LOSS: result.loss,
+            NUM_EXAMPLES: result.num_examples,
+            IFCA_CHOICE: choice,
+            IFCA_LOSSES: reported_losses(losses),
         })
-        content = RecordDict({ARRAYS_KEY: ArrayRecord(model.state_dict()),
-                              METRICS_KEY: metrics})
+        content = RecordDict({ARRAYS: ArrayRecord(model.state_dict()),
+                              METRICS: metrics})
         return Message(content=content, reply_to=message)
 
     return handle

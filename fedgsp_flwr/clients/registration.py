@@ -12,6 +12,23 @@ from collections.abc import Callable, Iterable
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from ..protocol import (
+    EVALUATE,
+    EVALUATE_DITTO,
+    EVALUATE_FEDFUSION,
+    HISTOGRAM,
+    PARTITION,
+    QUERY_HISTOGRAM,
+    QUERY_PARTITION,
+    QUERY_SKETCH,
+    SKETCH,
+    TRAIN,
+    TRAIN_BILEVEL,
+    TRAIN_DITTO,
+    TRAIN_FEDFUSION,
+    TRAIN_FEDMMD,
+    TRAIN_IFCA,
+)
 from .ditto import make_ditto_evaluate_handler, make_ditto_train_handler
 from .fedfusion import make_fedfusion_handler
 from .fedmmd import make_fedmmd_handler
@@ -27,24 +44,24 @@ from .handlers import (
 from .ifca import make_ifca_handler
 
 Handler = Callable[[Message, Context], Message]
-# name -> (message category, action; "default": the category itself), handler factory
-_HANDLERS: dict[str, tuple[str, str, Callable[[ClientHooks], Handler]]] = {
-    "train": ("train", "default", make_train_handler),
-    "evaluate": ("evaluate", "default", make_evaluate_handler),
-    "histogram": ("query", "histogram", make_histogram_handler),
-    "partition": ("query", "partition", make_partition_handler),
-    "sketch": ("query", "sketch", make_sketch_handler),
-    "bilevel": ("train", "bilevel", make_bilevel_handler),
-    "ifca": ("train", "ifca", make_ifca_handler),
-    "ditto": ("train", "ditto", make_ditto_train_handler),
-    "ditto-evaluate": ("evaluate", "ditto", make_ditto_evaluate_handler),
-    "fedmmd": ("train", "fedmmd", make_fedmmd_handler),
-    "fedfusion": ("train", "fedfusion", make_fedfusion_handler),
+# name -> (message type, handler factory)
+_HANDLERS: dict[str, tuple[str, Callable[[ClientHooks], Handler]]] = {
+    TRAIN: (TRAIN, make_train_handler),
+    EVALUATE: (EVALUATE, make_evaluate_handler),
+    HISTOGRAM: (QUERY_HISTOGRAM, make_histogram_handler),
+    PARTITION: (QUERY_PARTITION, make_partition_handler),
+    SKETCH: (QUERY_SKETCH, make_sketch_handler),
+    "bilevel": (TRAIN_BILEVEL, make_bilevel_handler),
+    "ifca": (TRAIN_IFCA, make_ifca_handler),
+    "ditto": (TRAIN_DITTO, make_ditto_train_handler),
+    "ditto-evaluate": (EVALUATE_DITTO, make_ditto_evaluate_handler),
+    "fedmmd": (TRAIN_FEDMMD, make_fedmmd_handler),
+    "fedfusion": (TRAIN_FEDFUSION, make_fedfusion_handler),
     # our evaluate handler scores a model with fusion arrays as the fused model
-    "fedfusion-evaluate": ("evaluate", "fedfusion", make_evaluate_handler),
+    "fedfusion-evaluate": (EVALUATE_FEDFUSION, make_evaluate_handler),
 }
 HANDLERS = tuple(_HANDLERS)
-HOOK_HANDLERS = ("histogram", "partition", "sketch", "bilevel", "ifca", "ditto",
+HOOK_HANDLERS = (HISTOGRAM, PARTITION, SKETCH, "bilevel", "ifca", "ditto",
                  "ditto-evaluate", "fedmmd", "fedfusion", "fedfusion-evaluate")
 
 
@@ -79,8 +96,8 @@ def register_hooks(
     for name in handlers:
         if name not in _HANDLERS:
             raise ValueError(f"Unknown handler '{name}'. Choose from {', '.join(HANDLERS)}.")
-        category, action, factory = _HANDLERS[name]
-        decorator = getattr(app, category)(action) if action != "default" else getattr(
-            app, category)()
+        message_type, factory = _HANDLERS[name]
+        category, _, action = message_type.partition(".")
+        decorator = getattr(app, category)(action) if action else getattr(app, category)()
         decorator(factory(hooks))
     return app

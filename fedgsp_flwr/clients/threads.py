@@ -9,13 +9,14 @@ import os
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..threads import THREADS_KEY, thread_limit
+from ..protocol import NUM_THREADS
+from ..threads import thread_limit
 from .handlers import message_config
 
 
 def _positive_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"'{THREADS_KEY}' in the {name} must be an integer >= 1, got "
+        raise ValueError(f"'{NUM_THREADS}' in the {name} must be an integer >= 1, got "
                          f"{value!r}")
     return value
 
@@ -33,12 +34,12 @@ def message_threads(message: Message, context: Context) -> int | None:
     ValueError
         If either value is not an integer >= 1.
     """
-    if THREADS_KEY in context.node_config:
-        return _positive_int(context.node_config[THREADS_KEY], "node config")
+    if NUM_THREADS in context.node_config:
+        return _positive_int(context.node_config[NUM_THREADS], "node config")
     config = message_config(message) if message.has_content() else {}
-    if THREADS_KEY not in config:
+    if NUM_THREADS not in config:
         return None
-    hint = _positive_int(config[THREADS_KEY], "message config")
+    hint = _positive_int(config[NUM_THREADS], "message config")
     try:
         started_with = int(os.environ.get("OMP_NUM_THREADS", "1"))
     except ValueError:

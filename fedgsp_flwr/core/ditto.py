@@ -1,9 +1,15 @@
-"""The names of Ditto's protocol, shared by the strategy and the client handlers (which
-must not import each other)."""
+"""Deprecated: Ditto's message names are in :mod:`fedgsp_flwr.protocol` (0.7.0); this
+module goes in 0.8.0."""
 
-TRAIN_TYPE = "train.ditto"
-"""The message type of a Ditto training round."""
-EVALUATE_TYPE = "evaluate.ditto"
-"""The message type of a Ditto evaluation."""
-PERSONAL_FLAG = "personal-model"
-"""``evaluate.ditto`` reply metric: 1 if the node had a personal model, else 0."""
+from ._moved import moved
+
+# Names that moved in 0.7.0; they warn until 0.8.0.
+_MOVED = {
+    "TRAIN_TYPE": "fedgsp_flwr.protocol:TRAIN_DITTO",
+    "EVALUATE_TYPE": "fedgsp_flwr.protocol:EVALUATE_DITTO",
+    "PERSONAL_FLAG": "fedgsp_flwr.protocol:PERSONAL_MODEL",
+}
+
+
+def __getattr__(name: str) -> object:
+    return moved(__name__, name, _MOVED)

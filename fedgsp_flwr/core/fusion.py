@@ -25,10 +25,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-TRAIN_TYPE = "train.fedfusion"
-"""The message type of a FedFusion training round."""
-EVALUATE_TYPE = "evaluate.fedfusion"
-"""The message type of a FedFusion evaluation (the fused model scored)."""
+from ._moved import moved
+
 PREFIX = "fusion."
 """Key prefix of the fusion module's arrays in the model's ArrayRecord."""
 OPERATORS = ("conv", "multi", "single")
@@ -124,3 +122,14 @@ def shadow_gamma(sent: np.ndarray, mean: np.ndarray, momentum: float) -> np.ndar
         raise ValueError(f"gamma's shape changed: sent {sent.shape}, mean {mean.shape}")
     return (momentum * sent.astype(np.float64) + (1.0 - momentum) * mean.astype(np.float64)
             ).astype(sent.dtype)
+
+
+# Names that moved in 0.7.0; they warn until 0.8.0.
+_MOVED = {
+    "TRAIN_TYPE": "fedgsp_flwr.protocol:TRAIN_FEDFUSION",
+    "EVALUATE_TYPE": "fedgsp_flwr.protocol:EVALUATE_FEDFUSION",
+}
+
+
+def __getattr__(name: str) -> object:
+    return moved(__name__, name, _MOVED)

@@ -1,7 +1,11 @@
-"""Words of the protocol between our strategies and our client handlers that are not
-one strategy's."""
+"""Deprecated: :data:`fedgsp_flwr.protocol.UNSUPPORTED_HOOK_TEXT` (0.7.0); this module goes
+in 0.8.0."""
 
-UNSUPPORTED_HOOK_TEXT = "hook unsupported by this ClientApp"
-"""Starts the error of a handler that is registered but cannot serve the app (FedFusion
-on a model it cannot cut): the strategy then treats the node as having no handler and
-takes its fallback."""
+from ._moved import moved
+
+# Names that moved in 0.7.0; they warn until 0.8.0.
+_MOVED = {"UNSUPPORTED_HOOK_TEXT": "fedgsp_flwr.protocol:UNSUPPORTED_HOOK_TEXT"}
+
+
+def __getattr__(name: str) -> object:
+    return moved(__name__, name, _MOVED)

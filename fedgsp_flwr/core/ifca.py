@@ -1,9 +1,6 @@
 """IFCA's arithmetic (Ghosh et al., 2020): the cluster-identity choice, the checks of a
 reported choice, per-choice model averaging with an optional shared feature extractor,
 and the initialisation of k models from one. Pure numpy.
-
-The names of the ``train.ifca`` protocol live here too, so that the strategy and the
-client handler, which must not import each other, share them.
 """
 
 from __future__ import annotations
@@ -15,16 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ._moved import moved
 from .arrays import as_dtype
 
-MESSAGE_TYPE = "train.ifca"
-"""The message type of an IFCA training round on a node with our handler."""
-CHOICE_METRIC = "ifca-choice"
-"""Reply metric: the index of the model the node chose (and trained)."""
-LOSSES_METRIC = "ifca-losses"
-"""Reply metric: the loss of every model on the node's training data, in model order."""
-MODEL_PREFIX = "model-"
-"""ArrayRecords ``model-0`` ... ``model-{k-1}`` of a ``train.ifca`` message."""
 INITS = ("redraw", "seeds")
 """How the k models start: ``redraw`` (from the initial model) or ``seeds`` (a factory)."""
 # Loss names a plain ClientApp's evaluate reply may use, most specific first; any other
@@ -35,10 +25,6 @@ LOSS_NAMES = ("eval-loss", "eval_loss", "evaluate-loss", "evaluate_loss", "val-l
 # a number, so that the reply stays sound, and never the minimum.
 NON_FINITE_LOSS = float(np.finfo(np.float64).max)
 
-
-def model_record(index: int) -> str:
-    """The name of model ``index``'s ArrayRecord in a ``train.ifca`` message."""
-    return f"{MODEL_PREFIX}{index}"
 
 
 def pick_model(losses: Sequence[float]) -> int:
@@ -63,24 +49,6 @@ def reported_losses(losses: Sequence[float]) -> list[float]:
     """
     return [float(v) if math.isfinite(v) else NON_FINITE_LOSS for v in losses]
 
-
-def choice_problem(choice: Any, losses: Any, k: int) -> str | None:
-    """Why a node's reported choice and losses are unusable, or ``None``.
-
-    The choice must be an integer in [0, k); the losses a list of k numbers; the chosen
-    model's loss their minimum (any tie-break is accepted).
-    """
-    if isinstance(choice, bool) or not isinstance(choice, (int, float)) or not (
-            float(choice).is_integer() and 0 <= choice < k):
-        return f"metric '{CHOICE_METRIC}' must be an integer in [0, {k}), got {choice!r}"
-    if not isinstance(losses, list) or len(losses) != k:
-        return f"metric '{LOSSES_METRIC}' must list {k} losses, got {losses!r}"
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in losses):
-        return f"metric '{LOSSES_METRIC}' has non-finite values: {losses!r}"
-    if losses[int(choice)] > min(losses):
-        return (f"model {int(choice)} was chosen with loss {losses[int(choice)]:.6g}, above "
-                f"the minimum {min(losses):.6g}")
-    return None
 
 
 def find_loss_key(metrics: Mapping[str, Any], preferred: str | None = None) -> str | None:
@@ -243,3 +211,18 @@ def average_by_choice(
         out.append(new)
     counts = [len(c) for c in by_model]
     return ChoiceAverage(out, counts, [m for m, c in enumerate(counts) if c == 0])
+
+
+# Names that moved in 0.7.0; they warn until 0.8.0.
+_MOVED = {
+    "MESSAGE_TYPE": "fedgsp_flwr.protocol:TRAIN_IFCA",
+    "CHOICE_METRIC": "fedgsp_flwr.protocol:IFCA_CHOICE",
+    "LOSSES_METRIC": "fedgsp_flwr.protocol:IFCA_LOSSES",
+    "MODEL_PREFIX": "fedgsp_flwr.protocol:IFCA_MODEL_PREFIX",
+    "model_record": "fedgsp_flwr.protocol:ifca_model_record",
+    "choice_problem": "fedgsp_flwr.strategies.ifca:choice_problem",
+}
+
+
+def __getattr__(name: str) -> object:
+    return moved(__name__, name, _MOVED)

@@ -30,6 +30,7 @@ from ..core.cfl import (
 )
 from ..core.clustering import agreement_scores
 from ..core.sampling import sample_share
+from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .nodes import PARTITION_FALLBACK, NodeRegistry, collect_reply_list, node_label
@@ -200,7 +201,7 @@ class CFL(ServerSideRound):
 
     def registry(self) -> NodeRegistry:
         """Partition ids only (see :meth:`FedAvg.registry`)."""
-        return NodeRegistry("CFL", self.query_timeout, PARTITION_FALLBACK, asks="partition")
+        return NodeRegistry("CFL", self.query_timeout, PARTITION_FALLBACK, asks=PARTITION)
 
     def summary(self) -> None:
         """Log CFL's settings, then FedAvg's."""
@@ -320,9 +321,9 @@ class CFL(ServerSideRound):
         at_start = Counter(self.position_of(n) for n in reachable)
         plan = [(node, t) for node in sampled for t in self.starts(node)]
         records = {t: to_record(self.model_of(t)) for t in dict.fromkeys(t for _, t in plan)}
-        train_config = ConfigRecord({**dict(config), "server-round": server_round})
-        messages = [Message(RecordDict({"arrays": records[t], "config": train_config}),
-                            dst_node_id=node, message_type="train") for node, t in plan]
+        train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
+        messages = [Message(RecordDict({ARRAYS: records[t], CONFIG: train_config}),
+                            dst_node_id=node, message_type=TRAIN) for node, t in plan]
         replies = collect_reply_list(grid, messages, self.reply_timeout)
         self.known.forget_unanswered(
             (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
@@ -484,10 +485,10 @@ class CFL(ServerSideRound):
         self.history.setdefault(server_round, {})["eval-unplaced"] = len(nodes) - len(placed)
         self._eval_leaf = {n: self.position_of(n) for n in placed}
         records = {leaf: to_record(self.leaves[leaf]) for leaf in set(self._eval_leaf.values())}
-        messages = [Message(RecordDict({"arrays": records[self._eval_leaf[n]],
-                                        "config": ConfigRecord(dict(config))}),
-                            dst_node_id=n, message_type="evaluate") for n in placed]
-        self._start_clock("evaluate", messages)
+        messages = [Message(RecordDict({ARRAYS: records[self._eval_leaf[n]],
+                                        CONFIG: ConfigRecord(dict(config))}),
+                            dst_node_id=n, message_type=EVALUATE) for n in placed]
+        self._start_clock(EVALUATE, messages)
         return messages
 
     def evaluated(self, server_round: int, sound: Sequence[Message]) -> None:

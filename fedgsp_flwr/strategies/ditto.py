@@ -11,16 +11,24 @@ from typing import Any
 from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 
-from ..core.ditto import EVALUATE_TYPE, PERSONAL_FLAG, TRAIN_TYPE
+from ..protocol import (
+    EVALUATE_DITTO,
+    LAMBDA,
+    LR,
+    PERSONAL_EPOCHS,
+    PERSONAL_MODEL,
+    PERSONAL_STEPS,
+    TRAIN_DITTO,
+)
 from .fedavg import check_parameters
 from .hooked import HookedTrain
 from .metrics import reply_metrics
 
 FALLBACKS = {
-    TRAIN_TYPE: "plain 'train' and 'evaluate' messages: Ditto reduces to FedAvg (no "
+    TRAIN_DITTO: "plain 'train' and 'evaluate' messages: Ditto reduces to FedAvg (no "
                 "personal models; 'personal-clients' is 0 and the evaluation scores the "
                 "global model)",
-    EVALUATE_TYPE: "plain 'evaluate' messages of the global model: the personal models "
+    EVALUATE_DITTO: "plain 'evaluate' messages of the global model: the personal models "
                    "train but are not scored ('eval-personal-clients' is 0)",
 }
 
@@ -86,8 +94,8 @@ class Ditto(HookedTrain):
 
     def __init__(self, *, lambda_: float = 1.0, personal_epochs: int = 0,
                  personal_steps: int = 0, **kwargs: Any) -> None:
-        super().__init__(owner="Ditto", train_type=TRAIN_TYPE, fallbacks=FALLBACKS,
-                         hooked_metric="personal-clients", evaluate_type=EVALUATE_TYPE,
+        super().__init__(owner="Ditto", train_type=TRAIN_DITTO, fallbacks=FALLBACKS,
+                         hooked_metric="personal-clients", evaluate_type=EVALUATE_DITTO,
                          **kwargs)
         check_parameters("Ditto", [
             (not isinstance(lambda_, bool) and isinstance(lambda_, (int, float))
@@ -116,14 +124,14 @@ class Ditto(HookedTrain):
 
     def hook_config(self, config: ConfigRecord) -> None:
         """``lambda`` and the personal training settings (and the lr check)."""
-        config["lambda"] = self.lambda_
+        config[LAMBDA] = self.lambda_
         self.check_step(config)
-        config["personal-epochs"] = self.personal_epochs
-        config["personal-steps"] = self.personal_steps
+        config[PERSONAL_EPOCHS] = self.personal_epochs
+        config[PERSONAL_STEPS] = self.personal_steps
 
     def check_step(self, config: ConfigRecord) -> None:
         """Warn once if the train config's ``lr`` times lambda exceeds 1."""
-        lr = config.get("lr")
+        lr = config.get(LR)
         if (not self._step_checked and isinstance(lr, (int, float))
                 and not isinstance(lr, bool) and lr * self.lambda_ > 1):
             log(WARNING, "Ditto: lr * lambda = %g > 1: each personal step overshoots the "
@@ -143,14 +151,14 @@ class Ditto(HookedTrain):
             return
         metrics = reply_metrics(reply.content)
         for key, value in list(metrics.items()):
-            if key not in (self.weighted_by_key, PERSONAL_FLAG) and not key.endswith("-global"):
+            if key not in (self.weighted_by_key, PERSONAL_MODEL) and not key.endswith("-global"):
                 metrics[f"{key}-global"] = value
-        metrics[PERSONAL_FLAG] = 0
+        metrics[PERSONAL_MODEL] = 0
 
     def evaluated(self, server_round: int, sound: Sequence[Message]) -> None:
         """Count the sound replies that scored a personal model."""
         self._personal_scored = sum(
-            reply_metrics(m.content).get(PERSONAL_FLAG) == 1 for m in sound)
+            reply_metrics(m.content).get(PERSONAL_MODEL) == 1 for m in sound)
 
     def eval_counts(self) -> dict[str, int]:
         """``eval-personal-clients``: the round's sound replies that scored a personal

@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 
 from ..core.arrays import as_dtype
+from ..protocol import EVALUATE, PARTITION, PROXIMAL_MU, TRAIN
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .decoding import values as array_values
 from .metrics import aggregate_metrics, reply_metrics
@@ -296,7 +297,7 @@ class FedAvg(FlowerFedAvg):
         need more of the nodes (histograms, edges) return their own.
         """
         return NodeRegistry(type(self).__name__, self.query_timeout, SAMPLING_FALLBACK,
-                            asks="partition", missing_level=INFO,
+                            asks=PARTITION, missing_level=INFO,
                             absent="Flower's sampling still sends them their messages")
 
     def group_models(self) -> dict[int, GroupModel]:
@@ -342,7 +343,7 @@ class FedAvg(FlowerFedAvg):
         self._sent_count = len(messages)
         self.history.setdefault(server_round, {})["bytes-sent"] = (
             len(messages) * arrays.count_bytes())
-        self._start_clock("train", messages)
+        self._start_clock(TRAIN, messages)
         return messages
 
     def configure_evaluate(
@@ -353,15 +354,15 @@ class FedAvg(FlowerFedAvg):
         """
         messages = list(super().configure_evaluate(server_round, arrays, config,
                                                    PartitionOrderGrid(grid, self.known)))
-        self._start_clock("evaluate", messages)
+        self._start_clock(EVALUATE, messages)
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the sound training replies only."""
-        self._stop_clock(server_round, "train")
-        replies = self._screen("train", replies)
+        self._stop_clock(server_round, TRAIN)
+        replies = self._screen(TRAIN, replies)
         sound, rejected = filter_replies(
             replies,
             reference=self._sent_arrays,
@@ -378,7 +379,7 @@ class FedAvg(FlowerFedAvg):
             contents = [m.content for m in sound]
             arrays = self.combine_models(server_round, contents)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        self._record(server_round, "train", metrics, len(sound), rejected)
+        self._record(server_round, TRAIN, metrics, len(sound), rejected)
         self.history[server_round]["bytes-received"] = array_bytes(replies)
         self.history[server_round]["uploads"] = sum(r.has_content() for r in replies)
         self.progress.record(server_round, arrays, len(sound), rejected, self._sent_count)
@@ -401,9 +402,9 @@ class FedAvg(FlowerFedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Aggregate the sound evaluation replies only."""
-        self._stop_clock(server_round, "evaluate")
+        self._stop_clock(server_round, EVALUATE)
         sound, rejected = filter_replies(
-            self._screen("evaluate", replies),
+            self._screen(EVALUATE, replies),
             reference=None,
             weighted_by_key=self.weighted_by_key,
             require_arrays=False,
@@ -413,7 +414,7 @@ class FedAvg(FlowerFedAvg):
         sound.sort(key=lambda m: sorted(reply_metrics(m.content).items()))
         metrics = (self.evaluate_metrics_aggr_fn([m.content for m in sound],
                                                  self.weighted_by_key) if sound else None)
-        self._record(server_round, "evaluate", metrics, len(sound), rejected)
+        self._record(server_round, EVALUATE, metrics, len(sound), rejected)
         self.evaluated(server_round, sound)
         return metrics
 
@@ -445,7 +446,7 @@ class FedAvg(FlowerFedAvg):
 
     def _stop_clock(self, server_round: int, stage: str) -> None:
         if (sent_at := self._sent_at.pop(stage, None)) is not None:
-            key = "train-time" if stage == "train" else "eval-time"
+            key = "train-time" if stage == TRAIN else "eval-time"
             self.history.setdefault(server_round, {})[key] = time.monotonic() - sent_at
 
     def _record(
@@ -458,11 +459,11 @@ class FedAvg(FlowerFedAvg):
     ) -> None:
         entry = self.history.setdefault(server_round, {})
         # Train metrics keep their names; evaluation ones are told apart by "eval".
-        prefix = "" if stage == "train" else "eval"
+        prefix = "" if stage == TRAIN else "eval"
         for key, value in (metrics or {}).items():
             entry[key if key.startswith(prefix) else f"{prefix}-{key}"] = value
-        entry[f"{prefix or 'train'}-replies"] = num_sound
-        entry[f"{prefix or 'train'}-rejected"] = len(rejected)
+        entry[f"{prefix or TRAIN}-replies"] = num_sound
+        entry[f"{prefix or TRAIN}-rejected"] = len(rejected)
 
 
 class FedProx(FedAvg):
@@ -494,7 +495,7 @@ class FedProx(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's messages, with ``proximal-mu`` in their config."""
-        config["proximal-mu"] = self.proximal_mu
+        config[PROXIMAL_MU] = self.proximal_mu
         return super().configure_train(server_round, arrays, config, grid)
 
 
@@ -542,7 +543,7 @@ class ServerSideRound(FedAvg):
             See :class:`~fedgsp_flwr.strategies.progress.TrainingProgress`.
         """
         self._round_result = (arrays if used else None, MetricRecord(metrics))
-        self._record(server_round, "train", self._round_result[1], used, rejected)
+        self._record(server_round, TRAIN, self._round_result[1], used, rejected)
         self.progress.record(server_round, arrays, used, rejected, expected)
         return []
 

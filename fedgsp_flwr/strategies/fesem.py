@@ -18,6 +18,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
 from ..core.sampling import sample_share
+from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
 from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
 from .metrics import reply_metrics
 from .nodes import PARTITION_FALLBACK, NodeRegistry, collect_reply_list, node_label
@@ -140,7 +141,7 @@ class FeSEM(ServerSideRound):
 
     def registry(self) -> NodeRegistry:
         """Partition ids only (see :meth:`FedAvg.registry`)."""
-        return NodeRegistry("FeSEM", self.query_timeout, PARTITION_FALLBACK, asks="partition")
+        return NodeRegistry("FeSEM", self.query_timeout, PARTITION_FALLBACK, asks=PARTITION)
 
     def summary(self) -> None:
         """Log FeSEM's settings, then FedAvg's."""
@@ -235,15 +236,15 @@ class FeSEM(ServerSideRound):
         sampled = sample_share(self.known.reachable(grid, connected), self.fraction_train,
                                self.min_train_nodes, self.rng)
         records: dict[int | None, ArrayRecord] = {None: cast(ArrayRecord, self.start_model)}
-        train_config = ConfigRecord({**dict(config), "server-round": server_round})
+        train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         plan = [(node, centre) for node in sampled for centre in self.starts(node)]
         messages = []
         for node, centre in plan:
             if centre not in records:
                 records[centre] = self.centre_record(cast(int, centre))
-            messages.append(Message(RecordDict({"arrays": records[centre],
-                                                "config": train_config}),
-                                    dst_node_id=node, message_type="train"))
+            messages.append(Message(RecordDict({ARRAYS: records[centre],
+                                                CONFIG: train_config}),
+                                    dst_node_id=node, message_type=TRAIN))
         replies = collect_reply_list(grid, messages, self.reply_timeout)
         self.known.forget_unanswered(
             (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
@@ -358,11 +359,11 @@ class FeSEM(ServerSideRound):
         self.history.setdefault(server_round, {})["eval-unassigned"] = len(nodes) - len(
             assigned)
         records = {c: self.centre_record(c) for c in {self.assignment[n] for n in assigned}}
-        messages = [Message(RecordDict({"arrays": records[self.assignment[n]],
-                                        "config": ConfigRecord(dict(config))}),
-                            dst_node_id=n, message_type="evaluate") for n in assigned]
+        messages = [Message(RecordDict({ARRAYS: records[self.assignment[n]],
+                                        CONFIG: ConfigRecord(dict(config))}),
+                            dst_node_id=n, message_type=EVALUATE) for n in assigned]
         self._eval_centre = {n: self.assignment[n] for n in assigned}
-        self._start_clock("evaluate", messages)
+        self._start_clock(EVALUATE, messages)
         return messages
 
     def evaluated(self, server_round: int, sound: Sequence[Message]) -> None:

@@ -24,6 +24,7 @@ from ..core.edge_assignment import (
     paper_topology,
     warm_start,
 )
+from ..protocol import ARRAYS, CONFIG, LOCAL_STEPS, SERVER_ROUND, TRAIN
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .nodes import NodeRegistry, collect_replies
@@ -270,18 +271,18 @@ class HierFL(ServerSideRound):
         sent = received = messages = used = 0
         for edge_round in range(self.tau2):
             train_config = ConfigRecord(dict(config))
-            train_config["server-round"] = server_round
+            train_config[SERVER_ROUND] = server_round
             train_config["edge-round"] = edge_round
-            train_config["local-steps"] = self.tau1
+            train_config[LOCAL_STEPS] = self.tau1
             outgoing = []
             for edge, model in edge_models.items():
                 members = members_of[edge]
                 take = max(1, round(self.fraction_train * len(members)))
                 # Node ids may exceed int64: sample positions, never the ids.
                 for i in sorted(self.rng.choice(len(members), take, replace=False).tolist()):
-                    content = RecordDict({"arrays": model, "config": train_config})
+                    content = RecordDict({ARRAYS: model, CONFIG: train_config})
                     outgoing.append(Message(content=content, dst_node_id=members[i],
-                                            message_type="train"))
+                                            message_type=TRAIN))
             sent += array_bytes(outgoing)
             messages += len(outgoing)
             asked.update(m.metadata.dst_node_id for m in outgoing)

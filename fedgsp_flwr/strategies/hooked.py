@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..protocol import EVALUATE, TRAIN
 from .fedavg import FedAvg, ServerSideRound, array_bytes
 from .nodes import HookSupport, collect_reply_list, missing_handler
 from .replies import error_text
@@ -188,20 +189,20 @@ class HookedTrain(ServerSideRound):
         """
         self.hook_config(config)
         arrays = self.train_arrays(arrays)
-        messages = [self.route(m, self.train_type, "train")
+        messages = [self.route(m, self.train_type, TRAIN)
                     for m in super().configure_train(server_round, arrays, config, grid)]
-        sent, replies, pushed = self.exchange(grid, messages, "train")
+        sent, replies, pushed = self.exchange(grid, messages, TRAIN)
         for message, reply in zip(sent, replies, strict=True):
-            if reply is not None and message.metadata.message_type == "train":
+            if reply is not None and message.metadata.message_type == TRAIN:
                 self.complete_reply(message, reply)
-        self._messages_of["train"] = sent  # the messages these replies answer
+        self._messages_of[TRAIN] = sent  # the messages these replies answer
         arrays_out, metrics = FedAvg.aggregate_train(
             self, server_round, [r for r in replies if r is not None])
         counts = {
             self.hooked_metric: sum(
                 m.metadata.message_type == self.train_type and r is not None
                 and r.has_content() for m, r in zip(sent, replies, strict=True)),
-            "plain-clients": sum(m.metadata.message_type == "train" for m in sent),
+            "plain-clients": sum(m.metadata.message_type == TRAIN for m in sent),
         }
         self.history[server_round].update(counts)
         self.history[server_round]["bytes-sent"] = array_bytes(pushed)
@@ -233,12 +234,12 @@ class HookedTrain(ServerSideRound):
         self._eval_result = None
         if not messages:
             return []
-        messages = [self.route(m, self.evaluate_type, "evaluate") for m in messages]
-        sent, replies, _ = self.exchange(grid, messages, "evaluate")
+        messages = [self.route(m, self.evaluate_type, EVALUATE) for m in messages]
+        sent, replies, _ = self.exchange(grid, messages, EVALUATE)
         for message, reply in zip(sent, replies, strict=True):
-            if message.metadata.message_type == "evaluate" and reply is not None:
+            if message.metadata.message_type == EVALUATE and reply is not None:
                 self.complete_eval_reply(reply)
-        self._messages_of["evaluate"] = sent
+        self._messages_of[EVALUATE] = sent
         metrics = FedAvg.aggregate_evaluate(self, server_round,
                                             [r for r in replies if r is not None])
         counts = self.eval_counts()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,20 +19,28 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.clustering import agreement_scores
 from ..core.ifca import (
-    CHOICE_METRIC,
     INITS,
-    LOSSES_METRIC,
-    MESSAGE_TYPE,
     average_by_choice,
-    choice_problem,
     find_loss_key,
     head_arrays,
-    model_record,
     pick_model,
     redraw_like,
     share_arrays,
 )
 from ..core.sampling import sample_share
+from ..protocol import (
+    ARRAYS,
+    CONFIG,
+    EVALUATE,
+    IFCA_CHOICE,
+    IFCA_LOSSES,
+    METRICS,
+    PARTITION,
+    SERVER_ROUND,
+    TRAIN,
+    TRAIN_IFCA,
+    ifca_model_record,
+)
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .nodes import (
@@ -84,6 +93,25 @@ class RoundReplies:
         """Note messages sent and the replies that came."""
         self.messages.extend(messages)
         self.replies.extend(r for r in replies if r is not None)
+
+
+def choice_problem(choice: Any, losses: Any, k: int) -> str | None:
+    """Why a node's reported choice and losses are unusable, or ``None``.
+
+    The choice must be an integer in [0, k); the losses a list of k numbers; the chosen
+    model's loss their minimum (any tie-break is accepted).
+    """
+    if isinstance(choice, bool) or not isinstance(choice, (int, float)) or not (
+            float(choice).is_integer() and 0 <= choice < k):
+        return f"metric '{IFCA_CHOICE}' must be an integer in [0, {k}), got {choice!r}"
+    if not isinstance(losses, list) or len(losses) != k:
+        return f"metric '{IFCA_LOSSES}' must list {k} losses, got {losses!r}"
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in losses):
+        return f"metric '{IFCA_LOSSES}' has non-finite values: {losses!r}"
+    if losses[int(choice)] > min(losses):
+        return (f"model {int(choice)} was chosen with loss {losses[int(choice)]:.6g}, above "
+                f"the minimum {min(losses):.6g}")
+    return None
 
 
 class IFCA(ServerSideRound):
@@ -191,7 +219,7 @@ class IFCA(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.hooks = HookSupport("IFCA", {MESSAGE_TYPE: FALLBACK})
+        self.hooks = HookSupport("IFCA", {TRAIN_IFCA: FALLBACK})
         self.models: list[ArrayRecord] = []
         self.head: list[str] | None = None
         self.choice: dict[int, int] = {}
@@ -203,7 +231,7 @@ class IFCA(ServerSideRound):
 
     def registry(self) -> NodeRegistry:
         """Partition ids only (see :meth:`FedAvg.registry`)."""
-        return NodeRegistry("IFCA", self.query_timeout, PARTITION_FALLBACK, asks="partition")
+        return NodeRegistry("IFCA", self.query_timeout, PARTITION_FALLBACK, asks=PARTITION)
 
     def summary(self) -> None:
         """Log IFCA's settings, then FedAvg's."""
@@ -229,7 +257,7 @@ class IFCA(ServerSideRound):
             "model-keys": list(self.models[0].keys()) if self.models else [],
         })
         for index, model in enumerate(self.models):
-            state.arrays.update(prefixed(record_arrays(model), model_record(index)))
+            state.arrays.update(prefixed(record_arrays(model), ifca_model_record(index)))
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
@@ -246,7 +274,7 @@ class IFCA(ServerSideRound):
         keys = list(meta["model-keys"])
         self.models = []
         for index in range(int(meta["models"])):
-            arrays = under(state.arrays, model_record(index))
+            arrays = under(state.arrays, ifca_model_record(index))
             self.models.append(to_record({key: arrays[key] for key in keys}))
         self.head = head_arrays(keys, self.head_layers) if self.models else None
 
@@ -295,7 +323,7 @@ class IFCA(ServerSideRound):
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         sampled = sample_share(self.known.reachable(grid, connected), self.fraction_train,
                                self.min_train_nodes, self.rng)
-        train_config = ConfigRecord({**dict(config), "server-round": server_round})
+        train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         warmup = self.rounds_run < self.warmup_rounds
         self.rounds_run += 1
         if warmup:
@@ -323,8 +351,8 @@ class IFCA(ServerSideRound):
 
     def train_message(self, node: int, model: int, config: ConfigRecord) -> Message:
         """A plain ``train`` of model ``model``."""
-        return Message(RecordDict({"arrays": self.models[model], "config": config}),
-                       dst_node_id=node, message_type="train")
+        return Message(RecordDict({ARRAYS: self.models[model], CONFIG: config}),
+                       dst_node_id=node, message_type=TRAIN)
 
     def warmup_round(self, grid: Grid, nodes: Sequence[int], config: ConfigRecord
                      ) -> RoundReplies:
@@ -341,30 +369,30 @@ class IFCA(ServerSideRound):
         """``train.ifca`` to the nodes with the handler; the fallback for the others."""
         out = RoundReplies()
         hooked = [n for n in nodes if n not in self.plain]
-        messages = [Message(RecordDict({**{model_record(j): m for j, m in
-                                           enumerate(self.models)}, "config": config}),
-                            dst_node_id=node, message_type=MESSAGE_TYPE) for node in hooked]
-        known_missing = not self.hooks.has(MESSAGE_TYPE)
+        messages = [Message(RecordDict({**{ifca_model_record(j): m for j, m in
+                                           enumerate(self.models)}, CONFIG: config}),
+                            dst_node_id=node, message_type=TRAIN_IFCA) for node in hooked]
+        known_missing = not self.hooks.has(TRAIN_IFCA)
         replies = self.hooks.collect(grid, messages, self.reply_timeout)
         # Of the messages HookSupport answered with the missing handler's error, only
         # the probe (the first) left, unless the handler was known missing before.
         out.sent([m for i, (m, r) in enumerate(zip(messages, replies, strict=True))
                   if not missing_handler(r) or not known_missing and (
-                      self.hooks.has(MESSAGE_TYPE) or i == 0)], replies)
+                      self.hooks.has(TRAIN_IFCA) or i == 0)], replies)
         self.known.forget_unanswered(zip(hooked, replies, strict=True))
         for node, reply in zip(hooked, replies, strict=True):
             if missing_handler(reply):
-                self.plain[node] = f"no '{MESSAGE_TYPE}' handler"
-                if self.hooks.has(MESSAGE_TYPE):  # else HookSupport warned once for all
+                self.plain[node] = f"no '{TRAIN_IFCA}' handler"
+                if self.hooks.has(TRAIN_IFCA):  # else HookSupport warned once for all
                     log(WARNING, "IFCA: node %d has no '%s' handler (%s); it takes the "
-                        "fallback: %s", node, MESSAGE_TYPE,
+                        "fallback: %s", node, TRAIN_IFCA,
                         error_text(cast(Message, reply).error.reason), FALLBACK)
                 continue
             problem = self.ifca_reply_problem(reply)
             if problem is not None or reply is None:
                 out.rejected[node] = problem or ""
                 continue
-            choice = int(cast(float, reply_metrics(reply.content)[CHOICE_METRIC]))
+            choice = int(cast(float, reply_metrics(reply.content)[IFCA_CHOICE]))
             out.updates[node] = (choice, reply)
         fallback = [n for n in nodes if n in self.plain]
         if fallback:
@@ -381,15 +409,15 @@ class IFCA(ServerSideRound):
         if problem is not None:
             return problem
         metrics = reply_metrics(reply.content)
-        return choice_problem(metrics.get(CHOICE_METRIC), metrics.get(LOSSES_METRIC), self.k)
+        return choice_problem(metrics.get(IFCA_CHOICE), metrics.get(IFCA_LOSSES), self.k)
 
     def plain_choices(self, grid: Grid, nodes: Sequence[int], config: ConfigRecord,
                       out: RoundReplies) -> dict[int, int]:
         """The fallback's choice: each node evaluates the k models (plain ``evaluate``);
         the lowest loss wins. Nodes without k usable losses go to ``out.rejected``.
         """
-        messages = [Message(RecordDict({"arrays": model, "config": config}),
-                            dst_node_id=node, message_type="evaluate")
+        messages = [Message(RecordDict({ARRAYS: model, CONFIG: config}),
+                            dst_node_id=node, message_type=EVALUATE)
                     for node in nodes for model in self.models]
         replies = collect_reply_list(grid, messages, self.reply_timeout)
         out.sent(messages, replies)
@@ -457,8 +485,8 @@ class IFCA(ServerSideRound):
             weight = float(cast(float, sent[self.weighted_by_key]))
             updates.append((choice, record_arrays(
                 next(iter(reply.content.array_records.values()))), weight))
-            reported.append(RecordDict({"metrics": MetricRecord(
-                {k: v for k, v in sent.items() if k != CHOICE_METRIC})}))
+            reported.append(RecordDict({METRICS: MetricRecord(
+                {k: v for k, v in sent.items() if k != IFCA_CHOICE})}))
         step = average_by_choice([record_arrays(m) for m in self.models], updates, self.head)
         self.models = [to_record(m) for m in step.models]
         for model in step.empty:
@@ -505,9 +533,9 @@ class IFCA(ServerSideRound):
                              self.min_evaluate_nodes, self.eval_rng)
         plan = [(node, model) for node in nodes
                 for model in ([self.choice[node]] if node in self.choice else range(self.k))]
-        messages = [Message(RecordDict({"arrays": self.models[model],
-                                        "config": ConfigRecord(dict(config))}),
-                            dst_node_id=node, message_type="evaluate") for node, model in plan]
+        messages = [Message(RecordDict({ARRAYS: self.models[model],
+                                        CONFIG: ConfigRecord(dict(config))}),
+                            dst_node_id=node, message_type=EVALUATE) for node, model in plan]
         replies = collect_reply_list(grid, messages, self.reply_timeout)
         scored: list[tuple[int, RecordDict]] = []
         rejected: dict[int, str] = {}
@@ -532,7 +560,7 @@ class IFCA(ServerSideRound):
                 [c for m, c in scored if m == model], self.weighted_by_key))
             for model in sorted({m for m, _ in scored})}
         self._eval_result = MetricRecord(result) if scored else None
-        self._record(server_round, "evaluate", self._eval_result, len(scored), rejected)
+        self._record(server_round, EVALUATE, self._eval_result, len(scored), rejected)
         return []
 
     def node_score(self, replies: Sequence[tuple[int, Message | None]]

@@ -16,9 +16,20 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from ..core.hooks import UNSUPPORTED_HOOK_TEXT
 from ..core.sampling import partition_order
 from ..grids import GridView
+from ..protocol import (
+    BASIC_TYPES,
+    CLUSTER_ID,
+    EDGES,
+    HISTOGRAM,
+    METRICS,
+    PARTITION,
+    PARTITION_ID,
+    QUERY_HISTOGRAM,
+    QUERY_PARTITION,
+    UNSUPPORTED_HOOK_TEXT,
+)
 from .decoding import ArrayRefused, decode_array
 from .decoding import values as array_values
 from .replies import error_text
@@ -37,8 +48,6 @@ UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
 # What Flower's ClientApp raises for a message type it has no function for.
 MISSING_HANDLER_TEXT = "function registered with name"
-# Message types every ClientApp answers (Flower's quickstart registers both).
-BASIC_TYPES = ("train", "evaluate")
 ADD_HOOKS = ("from fedgsp_flwr.clients import ClientHooks, register_hooks\n"
              "    register_hooks(app, ClientHooks(load_data=<your data>, "
              "build_model=<your model>))")
@@ -457,17 +466,17 @@ def reported_partition(reply: Message) -> int | None:
     """The ``partition-id`` a query reply reports, if any (an error reply reports none)."""
     if not reply.has_content():
         return None
-    metrics = reply.content.metric_records.get("metrics")
-    partition = None if metrics is None else metrics.get("partition-id")
+    metrics = reply.content.metric_records.get(METRICS)
+    partition = None if metrics is None else metrics.get(PARTITION_ID)
     return partition if isinstance(partition, int) else None
 
 
 def histogram_problem(reply: Message, num_classes: int | None) -> str | None:
     """Why a ``query.histogram`` reply is unusable, or ``None`` (``num_classes=None``
     checks all but the length)."""
-    if (problem := vector_problem(reply, "histogram", num_classes)) is not None:
+    if (problem := vector_problem(reply, HISTOGRAM, num_classes)) is not None:
         return problem
-    values = reply_vector(reply, "histogram").astype(np.float64)
+    values = reply_vector(reply, HISTOGRAM).astype(np.float64)
     if (values < 0).any():
         return "histogram has negative counts"
     if not np.array_equal(values, np.round(values)):
@@ -542,22 +551,22 @@ def query_histograms(
     """
     out = HistogramReplies()
     sound: dict[int, Message] = {}
-    for node, reply in _ask(grid, node_ids, "query.histogram", timeout, hooks, out):
+    for node, reply in _ask(grid, node_ids, QUERY_HISTOGRAM, timeout, hooks, out):
         if (problem := histogram_problem(reply, num_classes)) is None:
             sound[node] = reply
         else:
             out.failed[node] = problem
-    kept, out.partition_ids, refused = agreed_vectors(sound, "histogram", num_classes,
+    kept, out.partition_ids, refused = agreed_vectors(sound, HISTOGRAM, num_classes,
                                                       held or {}, num_partitions)
     out.failed.update(refused)
     for node, hist in kept.items():
         out.histograms[node] = hist.astype(np.int64)
-        metrics = sound[node].content.metric_records.get("metrics")
-        edges = None if metrics is None else metrics.get("edges")
+        metrics = sound[node].content.metric_records.get(METRICS)
+        edges = None if metrics is None else metrics.get(EDGES)
         if isinstance(edges, list) and edges and all(
                 isinstance(e, int) and e >= 0 for e in edges):
             out.edges[node] = [int(e) for e in edges]
-        cluster = None if metrics is None else metrics.get("cluster-id")
+        cluster = None if metrics is None else metrics.get(CLUSTER_ID)
         if isinstance(cluster, int) and cluster >= 0:
             out.cluster_ids[node] = cluster
     for node, reason in out.failed.items():
@@ -577,7 +586,7 @@ def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
     """
     out = HistogramReplies()
     claims: dict[int, int] = {}
-    for node, reply in _ask(grid, node_ids, "query.partition", timeout, hooks, out):
+    for node, reply in _ask(grid, node_ids, QUERY_PARTITION, timeout, hooks, out):
         if (partition := reported_partition(reply)) is not None:
             claims[node] = partition
         else:
@@ -661,10 +670,10 @@ class NodeRegistry:
 
     def __init__(self, owner: str, timeout: float,
                  fallback: str = "nodes without a histogram are placed at random",
-                 asks: str = "histogram", absent: str = "they sit out until they do",
+                 asks: str = HISTOGRAM, absent: str = "they sit out until they do",
                  missing_level: int = WARNING, num_classes: int | None = None,
                  num_partitions: int | None = None) -> None:
-        if asks not in ("histogram", "partition"):
+        if asks not in (HISTOGRAM, PARTITION):
             raise ValueError(f"asks must be 'histogram' or 'partition', got {asks!r}")
         self.owner, self.timeout, self.asks, self.absent = owner, timeout, asks, absent
         self.num_classes, self.num_partitions = num_classes, num_partitions
@@ -690,7 +699,7 @@ class NodeRegistry:
         if not new:
             return
         held = {p: n for n, p in self.partition_ids.items()}
-        if self.asks == "partition":
+        if self.asks == PARTITION:
             replies = query_partitions(grid, new, self.timeout, self.hooks, held,
                                        self.num_partitions)
         else:
@@ -758,7 +767,7 @@ class NodeRegistry:
         """Everything known of the nodes (see :mod:`fedgsp_flwr.checkpoint`)."""
         nodes, matrix = stack_rows(self.histograms)
         meta = {"histogram-nodes": nodes, "without": pairs(self.without),
-                "partition-ids": pairs(self.partition_ids), "edges": pairs(self.edges),
+                "partition-ids": pairs(self.partition_ids), EDGES: pairs(self.edges),
                 "cluster-ids": pairs(self.cluster_ids), "unreachable": sorted(self.unreachable)}
         return StrategyState(meta, {"histograms": matrix})
 
@@ -770,7 +779,7 @@ class NodeRegistry:
                                strict=True)}
         self.without = from_pairs(meta["without"], nodes)
         self.partition_ids = from_pairs(meta["partition-ids"], nodes)
-        self.edges = from_pairs(meta["edges"], nodes)
+        self.edges = from_pairs(meta[EDGES], nodes)
         self.cluster_ids = from_pairs(meta["cluster-ids"], nodes)
         self.unreachable = {nodes(n) for n in meta["unreachable"]}
 

@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..protocol import ARRAYS, CONFIG, NUM_EXAMPLES, RELAY_GROUP, RELAY_HOP, TRAIN
 from .metrics import reply_metrics
 from .nodes import PollBackoff, from_superlink, missing_handler, unreachable
 from .replies import reply_problem
@@ -116,7 +117,7 @@ class _Chain:
     next_position: int = 0
     sent_at: float = 0.0
     bytes_sent: int = 0
-    message_type: str = "train"
+    message_type: str = TRAIN
 
 
 def run_relay(
@@ -126,8 +127,8 @@ def run_relay(
     config: ConfigRecord,
     *,
     train_timeout: float,
-    message_type: str = "train",
-    weighted_by_key: str = "num-examples",
+    message_type: str = TRAIN,
+    weighted_by_key: str = NUM_EXAMPLES,
     poll_interval: float = 0.02,
     plain_nodes: set[int] | None = None,
 ) -> list[ChainResult]:
@@ -172,11 +173,11 @@ def run_relay(
         if position >= len(chain.result.nodes):
             return None
         hop_config = ConfigRecord(dict(config))
-        hop_config["relay-group"] = chain.result.group
-        hop_config["relay-hop"] = position
-        content = RecordDict({"arrays": chain.result.arrays, "config": hop_config})
+        hop_config[RELAY_GROUP] = chain.result.group
+        hop_config[RELAY_HOP] = position
+        content = RecordDict({ARRAYS: chain.result.arrays, CONFIG: hop_config})
         node = chain.result.nodes[position]
-        chain.message_type = "train" if node in plain else message_type
+        chain.message_type = TRAIN if node in plain else message_type
         return Message(content=content, dst_node_id=node, message_type=chain.message_type)
 
     def send(batch: Sequence[_Chain]) -> None:
@@ -229,7 +230,7 @@ def run_relay(
                                          "refused", now - answered.sent_at,
                                          answered.bytes_sent))
                 continue
-            if answered.message_type != "train" and missing_handler(reply):
+            if answered.message_type != TRAIN and missing_handler(reply):
                 node = answered.result.nodes[answered.next_position]
                 plain.add(node)
                 log(INFO, "relay: node %d has no '%s' handler; its hops go as 'train'",

@@ -21,6 +21,7 @@ from ..core.cluster_rules import (
     label_coverage,
     static_clusters,
 )
+from ..protocol import CLUSTER_ID, PARTITION_ID
 from .fedavg import GroupModel, check_parameters
 from .sequential import RelayStrategy
 from .state import NodeMap, StrategyState
@@ -45,7 +46,7 @@ def load_cluster_assignment(path: str | Path) -> dict[int, int]:
             pairs = list(json.loads(path.read_text()).items())
         elif path.suffix.lower() == ".csv":
             rows = list(csv.reader(io.StringIO(path.read_text())))
-            if not rows or [c.strip() for c in rows[0]] != ["partition-id", "cluster-id"]:
+            if not rows or [c.strip() for c in rows[0]] != [PARTITION_ID, CLUSTER_ID]:
                 raise ValueError("the header must be 'partition-id,cluster-id'")
             pairs = [(r[0], r[1]) for r in rows[1:] if any(c.strip() for c in r)]
         else:

@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..protocol import METRICS, SERVER_ROUND, TRAIN
 from .fedavg import GroupModel, ServerSideRound, average_arrays, check_parameters
 from .metrics import MetricsAggregation
 from .nodes import NodeRegistry, node_label
@@ -24,7 +25,7 @@ from .state import NodeMap, StrategyState, generator_state, set_generator_state
 def relay_message_type_problem(message_type: str) -> str | None:
     """Why ``message_type`` cannot carry relay hops, or ``None``."""
     category, dot, action = message_type.partition(".")
-    if category != "train" or (dot and not action.isidentifier()):
+    if category != TRAIN or (dot and not action.isidentifier()):
         return (f"relay_message_type must be 'train' or 'train.<identifier>', "
                 f"got {message_type!r}")
     return None
@@ -71,7 +72,7 @@ class RelayStrategy(ServerSideRound):
         self,
         *,
         query_timeout: float = 300.0,
-        relay_message_type: str = "train",
+        relay_message_type: str = TRAIN,
         weighted_average: bool = True,
         poll_interval: float = 0.02,
         seed: int = 0,
@@ -143,7 +144,7 @@ class RelayStrategy(ServerSideRound):
         self.chain_log[server_round] = [
             [partitions.get(n, node_label(n, partitions)) for n in chain] for chain in chains]
         hop_config = ConfigRecord(dict(config))
-        hop_config["server-round"] = server_round
+        hop_config[SERVER_ROUND] = server_round
         started = time.monotonic()
         results = run_relay(grid, chains, arrays, hop_config, train_timeout=self.reply_timeout,
                             message_type=self.relay_message_type,
@@ -187,7 +188,7 @@ def relay_metrics(results: Sequence[ChainResult], seconds: float,
     Semi-FL's cluster heads); every hop also passes through the server (``hops``).
     """
     hops = [h for r in results for h in r.hops]
-    trained = [RecordDict({"metrics": h.metrics}) for h in hops if h.status == HOP_OK]
+    trained = [RecordDict({METRICS: h.metrics}) for h in hops if h.status == HOP_OK]
     metrics: dict[str, Any] = dict(aggregate(trained, weighted_by_key)) if trained else {}
     metrics.update({
         "groups-trained": sum(r.trained for r in results),

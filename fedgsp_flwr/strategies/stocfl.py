@@ -25,6 +25,25 @@ from ..core.clustering import (
     agreement_scores,
 )
 from ..core.sampling import partition_order, sample_share
+from ..protocol import (
+    ARRAYS,
+    CLUSTER,
+    CONFIG,
+    EVALUATE,
+    GLOBAL,
+    LAMBDA,
+    METRICS,
+    QUERY_PARTITION,
+    QUERY_SKETCH,
+    SERVER_ROUND,
+    SKETCH,
+    SKETCH_DIM,
+    SKETCH_EPOCHS,
+    SKETCH_MODE,
+    SKETCH_SEED,
+    TRAIN,
+    TRAIN_BILEVEL,
+)
 from .decoding import values
 from .fedavg import (
     GroupModel,
@@ -58,14 +77,12 @@ from .state import (
     under,
 )
 
-GLOBAL, CLUSTER = "global", "cluster"
-BILEVEL, SKETCH, PARTITION = "train.bilevel", "query.sketch", "query.partition"
 FALLBACKS = {
-    PARTITION: "nodes are sampled in node-id order, so a seed's samples differ from run "
+    QUERY_PARTITION: "nodes are sampled in node-id order, so a seed's samples differ from run "
                "to run (node ids are random)",
-    SKETCH: "those nodes stay out of the clustering: they train the global model with "
+    QUERY_SKETCH: "those nodes stay out of the clustering: they train the global model with "
             "plain 'train' messages and are scored with it (FedAvg)",
-    BILEVEL: "each clustered node trains its cluster model and the global model with two "
+    TRAIN_BILEVEL: "each clustered node trains its cluster model and the global model with two "
              "plain 'train' messages (without the cluster model's pull to the global one: "
              "lambda = 0, plain clustered FL)",
 }
@@ -202,8 +219,8 @@ class StoCFL(ServerSideRound):
         check_parameters("StoCFL", checks)
         self.tau, self.lambda_ = tau, lambda_
         self.sketch_config = ConfigRecord({
-            "sketch-mode": sketch, "sketch-dim": sketch_dim,
-            "sketch-epochs": sketch_epochs, "sketch-seed": sketch_seed})
+            SKETCH_MODE: sketch, SKETCH_DIM: sketch_dim,
+            SKETCH_EPOCHS: sketch_epochs, SKETCH_SEED: sketch_seed})
         self.merge_model = merge_model
         self._train_config = ConfigRecord()  # the last round's, for sketch queries
         self.holdout_fraction = holdout_fraction
@@ -229,8 +246,8 @@ class StoCFL(ServerSideRound):
     def summary(self) -> None:
         """Log StoCFL's settings, then FedAvg's."""
         log(INFO, "\t├──> StoCFL: tau=%g, lambda=%g, %s sketches (dim %s), merge=%s, "
-            "hold-out %g", self.tau, self.lambda_, self.sketch_config["sketch-mode"],
-            self.sketch_config["sketch-dim"] or "full", self.merge_model,
+            "hold-out %g", self.tau, self.lambda_, self.sketch_config[SKETCH_MODE],
+            self.sketch_config[SKETCH_DIM] or "full", self.merge_model,
             self.holdout_fraction)
         super().summary()
 
@@ -301,8 +318,8 @@ class StoCFL(ServerSideRound):
         """
         assert self.anchor is not None
         config = ConfigRecord({**dict(self._train_config), **dict(self.sketch_config)})
-        return [Message(RecordDict({"arrays": self.anchor, "config": config}),
-                        dst_node_id=n, message_type=SKETCH) for n in nodes]
+        return [Message(RecordDict({ARRAYS: self.anchor, CONFIG: config}),
+                        dst_node_id=n, message_type=QUERY_SKETCH) for n in nodes]
 
     def query_sketches(self, grid: Grid, nodes: Sequence[int]) -> SketchReplies:
         """Ask the nodes for their sketches at the anchor; change no state.
@@ -321,16 +338,16 @@ class StoCFL(ServerSideRound):
         sound: dict[int, Message] = {}
         for node, reply in zip(nodes, replies, strict=True):
             problem = (f"no reply within {self.query_timeout:g}s" if reply is None
-                       else vector_problem(reply, "sketch", size))
+                       else vector_problem(reply, SKETCH, size))
             if problem is None and reply is not None:
-                if not np.linalg.norm(reply_vector(reply, "sketch").astype(np.float64)) > 0:
+                if not np.linalg.norm(reply_vector(reply, SKETCH).astype(np.float64)) > 0:
                     problem = "sketch has zero norm"
                 else:
                     sound[node] = reply
             if problem is not None:
                 out.problems[node] = problem
         kept, out.partitions, refused = agreed_vectors(
-            sound, "sketch", size, {p: n for n, p in self.partition_ids.items()},
+            sound, SKETCH, size, {p: n for n, p in self.partition_ids.items()},
             self.known.num_partitions)
         out.problems.update(refused)
         out.sketches = {node: vector.astype(np.float32) for node, vector in kept.items()}
@@ -342,7 +359,7 @@ class StoCFL(ServerSideRound):
         a sketch is over the trainable parameters); ``None`` without an anchor (then
         the length most replies agree on, never the first reply's).
         """
-        if dim := cast(int, self.sketch_config["sketch-dim"]):
+        if dim := cast(int, self.sketch_config[SKETCH_DIM]):
             return dim
         if self.anchor is None:
             return self.clustering.dim
@@ -362,7 +379,7 @@ class StoCFL(ServerSideRound):
             self.eval_partitions.pop(node, None)
         for node, problem in replies.problems.items():
             self.plain[node] = problem
-            if self.hooks.has(SKETCH):  # else HookSupport warned once for all
+            if self.hooks.has(QUERY_SKETCH):  # else HookSupport warned once for all
                 log(WARNING, "StoCFL: node %d has no sketch (%s); it stays a singleton "
                     "trained on the global model", node, problem)
         return replies.sketches
@@ -379,10 +396,10 @@ class StoCFL(ServerSideRound):
         probe = self.order(self.suspects)
         if probe:
             queries = self.sketch_queries(probe)
-            if not self.hooks.has(SKETCH):  # every ClientApp answers an evaluation
-                queries = [Message(RecordDict({"arrays": m.content["arrays"]}),
+            if not self.hooks.has(QUERY_SKETCH):  # every ClientApp answers an evaluation
+                queries = [Message(RecordDict({ARRAYS: m.content[ARRAYS]}),
                                    dst_node_id=m.metadata.dst_node_id,
-                                   message_type="evaluate") for m in queries]
+                                   message_type=EVALUATE) for m in queries]
             replies = self.hooks.collect(grid, queries, self.query_timeout)
             self.suspects = {n for n, r in zip(probe, replies, strict=True) if unreachable(r)}
             log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
@@ -472,16 +489,16 @@ class StoCFL(ServerSideRound):
         sampled = self.sample_train(self.reachable(grid, connected))
         merges = self.cluster_new(grid, sampled)
         train_config = ConfigRecord(dict(config))
-        train_config["server-round"] = server_round
-        train_config["lambda"] = self.lambda_
+        train_config[SERVER_ROUND] = server_round
+        train_config[LAMBDA] = self.lambda_
         plan = [part for node in sampled for part in self.training_plan(node, arrays,
                                                                          train_config)]
         replies = self.hooks.collect(grid, [m for _, _, m in plan], self.reply_timeout)
-        if not self.hooks.has(BILEVEL) and any(kind == BILEVEL for _, kind, _ in plan):
+        if not self.hooks.has(TRAIN_BILEVEL) and any(kind == TRAIN_BILEVEL for _, kind, _ in plan):
             # The probe found no bi-level handler: those nodes train twice, plainly.
             kept = [(part, r) for part, r in zip(plan, replies, strict=True)
-                    if part[1] != BILEVEL]
-            redo = [part for node, kind, _ in plan if kind == BILEVEL
+                    if part[1] != TRAIN_BILEVEL]
+            redo = [part for node, kind, _ in plan if kind == TRAIN_BILEVEL
                     for part in self.training_plan(node, arrays, train_config)]
             plan = [part for part, _ in kept] + redo
             replies = [r for _, r in kept] + collect_reply_list(
@@ -496,7 +513,7 @@ class StoCFL(ServerSideRound):
         for (node, kind, _), reply in zip(plan, replies, strict=True):
             cluster = self.clustering.cluster_of.get(node)
             problem = ("no reply within the round's timeout" if reply is None else
-                       self.train_reply_problem(reply, arrays, kind == BILEVEL))
+                       self.train_reply_problem(reply, arrays, kind == TRAIN_BILEVEL))
             if problem is not None or reply is None:
                 problems.setdefault(node, []).append(problem or "")
                 log(WARNING, "StoCFL round %d: rejected reply from node %d: %s",
@@ -506,7 +523,7 @@ class StoCFL(ServerSideRound):
             weight = float(cast(float, metrics[self.weighted_by_key]))
             records = reply.content.array_records
             trained.add(node)
-            if kind == BILEVEL:
+            if kind == TRAIN_BILEVEL:
                 global_parts.append((records[GLOBAL], weight))
                 cluster_parts.setdefault(cast(int, cluster), []).append(
                     (records[CLUSTER], weight))
@@ -518,7 +535,7 @@ class StoCFL(ServerSideRound):
                 if cluster is not None:  # the global half of two plain trainings
                     metrics = MetricRecord({k if k == self.weighted_by_key else f"global-{k}": v
                                             for k, v in metrics.items()})
-            reported.append(RecordDict({"metrics": metrics}))
+            reported.append(RecordDict({METRICS: metrics}))
         self.trained |= trained
         for cluster, parts in cluster_parts.items():
             self.models[cluster] = average_arrays(*zip(*parts, strict=True))
@@ -550,17 +567,17 @@ class StoCFL(ServerSideRound):
         train handler has no pull of theta_k to w, so that is StoCFL with lambda = 0.
         """
         def message(kind: str, content: RecordDict) -> tuple[int, str, Message]:
-            message_type = BILEVEL if kind == BILEVEL else "train"
+            message_type = TRAIN_BILEVEL if kind == TRAIN_BILEVEL else TRAIN
             return node, kind, Message(content, dst_node_id=node, message_type=message_type)
 
         if node in self.plain:
-            return [message(GLOBAL, RecordDict({"arrays": arrays, "config": config}))]
+            return [message(GLOBAL, RecordDict({ARRAYS: arrays, CONFIG: config}))]
         theta = self.cluster_model(self.clustering.cluster_of[node], arrays)
-        if self.hooks.has(BILEVEL):
-            return [message(BILEVEL, RecordDict({GLOBAL: arrays, CLUSTER: theta,
-                                                 "config": config}))]
-        return [message(CLUSTER, RecordDict({"arrays": theta, "config": config})),
-                message(GLOBAL, RecordDict({"arrays": arrays, "config": config}))]
+        if self.hooks.has(TRAIN_BILEVEL):
+            return [message(TRAIN_BILEVEL, RecordDict({GLOBAL: arrays, CLUSTER: theta,
+                                                 CONFIG: config}))]
+        return [message(CLUSTER, RecordDict({ARRAYS: theta, CONFIG: config})),
+                message(GLOBAL, RecordDict({ARRAYS: arrays, CONFIG: config}))]
 
     def train_reply_problem(self, reply: Message, sent: ArrayRecord,
                             bilevel: bool) -> str | None:
@@ -607,8 +624,8 @@ class StoCFL(ServerSideRound):
         messages = []
         for node, own in zip(nodes, models, strict=True):
             for model in (own, arrays):
-                content = RecordDict({"arrays": model, "config": ConfigRecord(dict(config))})
-                messages.append(Message(content, dst_node_id=node, message_type="evaluate"))
+                content = RecordDict({ARRAYS: model, CONFIG: ConfigRecord(dict(config))})
+                messages.append(Message(content, dst_node_id=node, message_type=EVALUATE))
         replies = collect_reply_list(grid, messages, self.reply_timeout)
         subsets: dict[str, list[RecordDict]] = {}
         by_cluster: dict[int, list[RecordDict]] = {}
@@ -622,7 +639,7 @@ class StoCFL(ServerSideRound):
                 continue
             own_reply, global_reply = (cast(Message, r).content for r in pair)
             group = "trained" if node in self.trained else "new"
-            for label, content in (("", own_reply), ("global", global_reply),
+            for label, content in (("", own_reply), (GLOBAL, global_reply),
                                    (group, own_reply), (f"global-{group}", global_reply)):
                 subsets.setdefault(label, []).append(content)
             if (cluster := self.clustering.cluster_of.get(node)) is not None:
@@ -631,13 +648,13 @@ class StoCFL(ServerSideRound):
         for label, contents in subsets.items():
             means = self.evaluate_metrics_aggr_fn(contents, self.weighted_by_key)
             result.update(renamed(means, label) if label else means)
-            if not label.startswith("global"):
+            if not label.startswith(GLOBAL):
                 result["-".join(filter(None, ("eval", label, "clients")))] = len(contents)
         self.cluster_eval = {c: dict(self.evaluate_metrics_aggr_fn(contents,
                                                                    self.weighted_by_key))
                              for c, contents in by_cluster.items()}
         self._eval_result = MetricRecord(result) if subsets else None
-        self._record(server_round, "evaluate", self._eval_result, len(subsets.get("", [])),
+        self._record(server_round, EVALUATE, self._eval_result, len(subsets.get("", [])),
                      rejected)
         return []
 
@@ -667,7 +684,7 @@ class StoCFL(ServerSideRound):
         Only once training's queries showed that the ClientApp answers ``query.sketch``:
         an evaluation's probe must not decide which nodes training clusters.
         """
-        if SKETCH not in self.hooks.present:
+        if QUERY_SKETCH not in self.hooks.present:
             return
         dim = self.clustering.dim
         for node in [n for n in nodes if dim is not None and n in self.eval_sketches

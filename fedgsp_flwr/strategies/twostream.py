@@ -13,6 +13,7 @@ from flwr.common.logger import log
 
 from ..core import fedmmd, fusion
 from ..core.fusion import init_fusion, split_fusion
+from ..protocol import ARRAYS, EVALUATE_FEDFUSION, MMD_WEIGHT, TRAIN_FEDFUSION, TRAIN_FEDMMD
 from .decoding import values
 from .fedavg import check_parameters
 from .hooked import HookedTrain, retyped
@@ -45,8 +46,8 @@ class FedMMD(HookedTrain):
 
     def __init__(self, *, mmd_weight: float = fedmmd.DEFAULT_WEIGHT, **kwargs: Any) -> None:
         super().__init__(
-            owner="FedMMD", train_type=fedmmd.TRAIN_TYPE, hooked_metric="mmd-clients",
-            fallbacks={fedmmd.TRAIN_TYPE: "plain 'train' messages: FedMMD reduces to "
+            owner="FedMMD", train_type=TRAIN_FEDMMD, hooked_metric="mmd-clients",
+            fallbacks={TRAIN_FEDMMD: "plain 'train' messages: FedMMD reduces to "
                        "FedAvg ('mmd-clients' is 0)"}, **kwargs)
         check_parameters("FedMMD", [
             (not isinstance(mmd_weight, bool) and isinstance(mmd_weight, (int, float))
@@ -61,7 +62,7 @@ class FedMMD(HookedTrain):
 
     def hook_config(self, config: ConfigRecord) -> None:
         """``mmd-weight`` in the train config."""
-        config[fedmmd.WEIGHT_KEY] = self.mmd_weight
+        config[MMD_WEIGHT] = self.mmd_weight
 
 
 class FedFusion(HookedTrain):
@@ -105,11 +106,11 @@ class FedFusion(HookedTrain):
     def __init__(self, *, operator: str = "conv", seed: int = 0,
                  gamma_momentum: float = fusion.SHADOW_MOMENTUM, **kwargs: Any) -> None:
         super().__init__(
-            owner="FedFusion", train_type=fusion.TRAIN_TYPE, hooked_metric="fusion-clients",
-            evaluate_type=fusion.EVALUATE_TYPE,
-            fallbacks={fusion.TRAIN_TYPE: "plain 'train' messages of the model without the "
+            owner="FedFusion", train_type=TRAIN_FEDFUSION, hooked_metric="fusion-clients",
+            evaluate_type=EVALUATE_FEDFUSION,
+            fallbacks={TRAIN_FEDFUSION: "plain 'train' messages of the model without the "
                        "fusion module: FedFusion reduces to FedAvg",
-                       fusion.EVALUATE_TYPE: "plain 'evaluate' messages of the model "
+                       EVALUATE_FEDFUSION: "plain 'evaluate' messages of the model "
                        "without the fusion module: the nodes score the base model, not "
                        "the fused one"}, **kwargs)
         check_parameters("FedFusion", [
@@ -161,11 +162,11 @@ class FedFusion(HookedTrain):
     def as_plain(self, message: Message, plain_type: str) -> Message:
         """The message without the fusion module's arrays."""
         content = message.content
-        record = content.array_records.get("arrays")
+        record = content.array_records.get(ARRAYS)
         if record is None or (base := without_fusion(record)) is record:
             return retyped(message, plain_type)
-        stripped = RecordDict({**{k: v for k, v in content.items() if k != "arrays"},
-                               "arrays": base})
+        stripped = RecordDict({**{k: v for k, v in content.items() if k != ARRAYS},
+                               ARRAYS: base})
         return Message(stripped, dst_node_id=message.metadata.dst_node_id,
                        message_type=plain_type)
 

@@ -24,6 +24,7 @@ from ..app.results import RunRecorder
 from ..app.server_app import results_folder, run_metadata, run_summary, seed_everything
 from ..data.partition import client_data
 from ..models import build_model, resolve_model_name
+from ..protocol import TRAIN_LOSS
 
 CENTRALIZED = "centralized"
 
@@ -79,7 +80,7 @@ def run_centralized(cfg: RunConfig, num_partitions: int) -> Path:
         loss, accuracy = evaluate(model, x_test, y_test)
         now = time.perf_counter()
         recorder.add_round({"round": server_round, "central-acc": accuracy,
-                            "central-loss": loss, "train-loss": result.loss, "uploads": 0,
+                            "central-loss": loss, TRAIN_LOSS: result.loss, "uploads": 0,
                             "round-time": now - begun, "elapsed": now - started})
         log(INFO, "Centralized round %d/%d: central accuracy %.4f, loss %.4f, %.1fs",
             server_round, cfg.num_server_rounds, accuracy, loss, now - begun)

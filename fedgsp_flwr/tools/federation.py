@@ -42,6 +42,7 @@ from typing import Any, Self, TextIO
 
 from flwr.common.logger import log
 
+from ..protocol import NUM_PARTITIONS, PARTITION_ID
 from .launcher import FlwrCli, RunOutcome, config_string, free_port
 
 CONNECTION = "fedgsp-local"
@@ -587,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             with LocalFederation(".", args.home, tls=secure, auth=secure) as fed:
                 for i in range(args.nodes):
-                    fed.add_node({"partition-id": i, "num-partitions": args.nodes, **extra})
+                    fed.add_node({PARTITION_ID: i, NUM_PARTITIONS: args.nodes, **extra})
                 fed.wait_for_nodes(args.nodes)
                 mode = "TLS and SuperNode authentication" if secure else "INSECURE"
                 print(f"SuperLink on {fed.address} ({mode}), {args.nodes} SuperNodes "

@@ -22,8 +22,8 @@ from fedgsp_flwr.clients.fusion import UnfusableModel, fused_model, load_model
 from fedgsp_flwr.clients.handlers import local_seed
 from fedgsp_flwr.core.fedmmd import SIGMAS
 from fedgsp_flwr.core.fusion import init_fusion
-from fedgsp_flwr.core.hooks import UNSUPPORTED_HOOK_TEXT
 from fedgsp_flwr.data import ClientData
+from fedgsp_flwr.protocol import UNSUPPORTED_HOOK_TEXT
 from fedgsp_flwr.training import train
 
 DATA = vector_data(n=90, seed=0)

@@ -11,13 +11,6 @@ import pytest
 from fedgsp_flwr.core.edge_assignment import (
     POLICIES,
     AssignmentProblem,
-    _equal_split,
-    _extend,
-    _polish_targets,
-    _reachable_sums,
-    _row_costs,
-    _subset_sum,
-    _user_classes,
     assign,
     brute_force,
     chain_search,
@@ -31,6 +24,15 @@ from fedgsp_flwr.core.edge_assignment import (
     similar_groups,
     warm_start,
 )
+from fedgsp_flwr.core.edge_assignment.heuristics import (
+    _equal_split,
+    _polish_targets,
+    _reachable_sums,
+    _row_costs,
+    _subset_sum,
+    _user_classes,
+)
+from fedgsp_flwr.core.edge_assignment.search import _extend
 
 
 def random_problem(rng: np.random.Generator, n: int, e: int, f: int = 3,

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
 
-from fedgsp_flwr.core import grouping
-from fedgsp_flwr.core.grouping import (
-    AssignmentStats,
+from fedgsp_flwr.core import equal_size, grouping, min_cost_flow
+from fedgsp_flwr.core.equal_size import (
     assignment_prices,
+    equal_size_assignment,
+    greedy_balanced_assignment,
+)
+from fedgsp_flwr.core.grouping import (
     balance_groups,
     class_distributions,
     cpd,
-    equal_size_assignment,
-    greedy_balanced_assignment,
     group_cpd,
     icg,
     num_groups,
@@ -26,6 +27,7 @@ from fedgsp_flwr.core.grouping import (
     random_groups,
 )
 from fedgsp_flwr.core.kmeans import squared_distances
+from fedgsp_flwr.core.min_cost_flow import AssignmentStats
 
 
 @pytest.mark.parametrize(
@@ -217,7 +219,7 @@ def test_growing_restricted_networks_reach_the_optimum(
         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # With a single Bellman-Ford pass per flow, non-optimal flows are not repaired by
     # cycle cancelling: the restricted network must grow (pricing rounds) instead.
-    monkeypatch.setattr(grouping, "_CYCLE_PASSES", -10**6)
+    monkeypatch.setattr(min_cost_flow, "_CYCLE_PASSES", -10**6)
     points, centroids = crowded_instance(seed)
     stats = AssignmentStats()
     labels, prices = equal_size_assignment(points, centroids, size=10, neighbours=2,
@@ -247,7 +249,7 @@ def test_warm_started_steps_with_many_clusters_stay_exact(
         incremental: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # k-means-like sequence: centroids move, each step warm-started from the last
     if incremental:
-        monkeypatch.setattr(grouping, "_SMALL_CLUSTER_GRAPH", 0)
+        monkeypatch.setattr(min_cost_flow, "_SMALL_CLUSTER_GRAPH", 0)
     points, centroids = crowded_instance(3, n_clusters=16, size=8)
     rng = np.random.default_rng(7)
     labels, prices = equal_size_assignment(points, centroids, size=8, neighbours=2)
@@ -284,9 +286,9 @@ def test_every_icg_assignment_step_is_optimal_over_the_full_network(
     # cancelling updates the cluster graph incrementally on large problems only; force
     # that path here too.
     if incremental:
-        monkeypatch.setattr(grouping, "_SMALL_CLUSTER_GRAPH", 0)
+        monkeypatch.setattr(min_cost_flow, "_SMALL_CLUSTER_GRAPH", 0)
     steps = []
-    exact = grouping._exact_assignment
+    exact = min_cost_flow._exact_assignment
 
     def spy(cost: np.ndarray, *args: object) -> tuple[np.ndarray, np.ndarray]:
         before = cost.copy()
@@ -294,7 +296,7 @@ def test_every_icg_assignment_step_is_optimal_over_the_full_network(
         steps.append((before, args[1], labels))
         return labels, prices
 
-    monkeypatch.setattr(grouping, "_exact_assignment", spy)
+    monkeypatch.setattr(grouping, "_exact_assignment", spy)  # where icg looks it up
     rng = np.random.default_rng(11)
     if shape == "spread":
         v = skewed_histograms(300, f=10, seed=5)
@@ -327,6 +329,15 @@ def test_assignment_prices_rejects_an_assignment_with_an_improving_swap() -> Non
     with pytest.raises(ValueError, match="warm_start"):
         equal_size_assignment(points, centroids, size=10,
                               warm_start=(worse[:-1], np.zeros(3)))
+
+
+def test_grouping_still_exports_the_solver_names() -> None:
+    # they moved to equal_size / min_cost_flow; users may still import them from grouping
+    for name in ("equal_size_assignment", "greedy_balanced_assignment", "assignment_prices"):
+        assert getattr(grouping, name) is getattr(equal_size, name)
+        assert name in grouping.__all__
+    assert grouping.AssignmentStats is AssignmentStats
+    assert "AssignmentStats" in grouping.__all__
 
 
 def test_icg_beats_random_grouping_on_cpd() -> None:

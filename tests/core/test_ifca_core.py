@@ -1,4 +1,4 @@
-"""IFCA's pure parts: the choice, its checks, per-choice averaging, the initialisation."""
+"""IFCA's pure parts: the choice, per-choice averaging, the initialisation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from fedgsp_flwr.core.ifca import (
     NON_FINITE_LOSS,
     average_by_choice,
-    choice_problem,
     find_loss_key,
     head_arrays,
     pick_model,
@@ -32,27 +31,6 @@ def test_the_choice_is_the_lowest_finite_loss_ties_to_the_lower_index() -> None:
     assert reported_losses([0.5, math.nan, -math.inf]) == [0.5, NON_FINITE_LOSS,
                                                            NON_FINITE_LOSS]
 
-
-@pytest.mark.parametrize(("choice", "losses", "expected"), [
-    (1, [0.5, 0.2, 0.3], None),
-    (1.0, [0.5, 0.2, 0.3], None),
-    (0, [0.2, 0.2, 0.3], None),  # a tie: either model is the minimum
-    (1, [0.2, 0.2, 0.3], None),
-    (3, [0.5, 0.2, 0.3], "integer in [0, 3)"),
-    (-1, [0.5, 0.2, 0.3], "integer in [0, 3)"),
-    (0.5, [0.5, 0.2, 0.3], "integer in [0, 3)"),
-    (True, [0.5, 0.2, 0.3], "integer in [0, 3)"),
-    (None, [0.5, 0.2, 0.3], "integer in [0, 3)"),
-    (1, [0.5, 0.2], "must list 3 losses"),
-    (1, 0.2, "must list 3 losses"),
-    (1, None, "must list 3 losses"),
-    (1, [0.5, 0.2, math.nan], "non-finite"),
-    (0, [0.5, 0.2, 0.3], "above the minimum"),
-])
-def test_a_reported_choice_must_be_the_argmin_of_k_finite_losses(
-        choice: object, losses: object, expected: str | None) -> None:
-    problem = choice_problem(choice, losses, 3)
-    assert problem is None if expected is None else expected in str(problem)
 
 
 @pytest.mark.parametrize(("metrics", "preferred", "key"), [

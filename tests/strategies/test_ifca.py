@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ifca import make_ifca_handler
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies import TrainingStalled
-from fedgsp_flwr.strategies.ifca import IFCA
+from fedgsp_flwr.strategies.ifca import IFCA, choice_problem
 from fedgsp_flwr.strategies.state import StrategyState
 
 TARGETS = np.array([[0.0, 0.0, 0.0], [20.0, 0.0, 0.0], [0.0, 20.0, 0.0]])
@@ -470,3 +471,25 @@ def test_defaults_train_a_plain_quickstart_shaped_app() -> None:
                    for k in start_model)
     pushed = [kind for _, _, kind, _ in grid.pushed]
     assert pushed.count("train.ifca") == 1 and pushed.count("query.partition") == 1
+
+
+@pytest.mark.parametrize(("choice", "losses", "expected"), [
+    (1, [0.5, 0.2, 0.3], None),
+    (1.0, [0.5, 0.2, 0.3], None),
+    (0, [0.2, 0.2, 0.3], None),  # a tie: either model is the minimum
+    (1, [0.2, 0.2, 0.3], None),
+    (3, [0.5, 0.2, 0.3], "integer in [0, 3)"),
+    (-1, [0.5, 0.2, 0.3], "integer in [0, 3)"),
+    (0.5, [0.5, 0.2, 0.3], "integer in [0, 3)"),
+    (True, [0.5, 0.2, 0.3], "integer in [0, 3)"),
+    (None, [0.5, 0.2, 0.3], "integer in [0, 3)"),
+    (1, [0.5, 0.2], "must list 3 losses"),
+    (1, 0.2, "must list 3 losses"),
+    (1, None, "must list 3 losses"),
+    (1, [0.5, 0.2, math.nan], "non-finite"),
+    (0, [0.5, 0.2, 0.3], "above the minimum"),
+])
+def test_a_reported_choice_must_be_the_argmin_of_k_finite_losses(
+        choice: object, losses: object, expected: str | None) -> None:
+    problem = choice_problem(choice, losses, 3)
+    assert problem is None if expected is None else expected in str(problem)

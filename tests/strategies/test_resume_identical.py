@@ -51,8 +51,9 @@ from fedgsp_flwr.app.server_app import resume
 from fedgsp_flwr.clients import HANDLERS, ClientHooks, register_hooks
 from fedgsp_flwr.clients.handlers import message_config
 from fedgsp_flwr.data import ClientData
+from fedgsp_flwr.protocol import NUM_THREADS
 from fedgsp_flwr.strategies.state import record_arrays, to_record
-from fedgsp_flwr.threads import THREADS_KEY, ThreadHintGrid
+from fedgsp_flwr.threads import ThreadHintGrid
 
 NODES, CLASSES, FEATURES = 4, 4, 6
 ROUNDS, STOP = 3, 1  # an uninterrupted run of ROUNDS rounds; one killed after STOP
@@ -142,7 +143,7 @@ class Federation:
     def handler(app: ClientApp, context: Context) -> Callable[[Message], Message | None]:
         def handle(message: Message) -> Message | None:
             config = message_config(message) if message.has_content() else {}
-            return threaded(app(message, context), cast(int, config.get(THREADS_KEY, 1)))
+            return threaded(app(message, context), cast(int, config.get(NUM_THREADS, 1)))
         return handle
 
     def snapshot(self) -> list[RecordDict]:
@@ -155,7 +156,7 @@ class Federation:
         partition = {n: cast(int, c.node_config["partition-id"])
                      for n, c in self.contexts.items()}
         return [(partition[node], kind, cast(int | None, message_config(message).get(
-                 THREADS_KEY)) if message.has_content() else None)
+                 NUM_THREADS)) if message.has_content() else None)
                 for _, node, kind, message in self.raw.pushed[since:]]
 
 
