@@ -6,9 +6,10 @@ Each strategy of ``test_resume_identical.STRATEGIES`` (small and seeded, over a 
 of our handlers, as that test runs them) runs ``--rounds`` rounds uninterrupted, once
 with every training hook and once over the plain handlers. For each run it records a
 SHA-256 of the final model's bytes, of every group model (members, arrays, metrics), of
-every round's metrics (clock metrics aside) and of the messages sent (partition, type,
-thread hint), and prints them as JSON. ``--against`` compares with an earlier output and
-exits 1 naming every run and part that differs.
+every round's metrics (clock metrics aside), of the messages sent (partition, type,
+thread hint) and of the metrics in the returned ``Result``, and prints them as JSON.
+``--against`` compares with an earlier output and exits 1 naming every run and part
+that differs.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def fingerprint(name: str, handlers: tuple[str, ...], rounds: int) -> dict[str, 
         "group-models": digest(base.groups(strategy)),
         "round-metrics": digest({r: base.untimed(row) for r, row in strategy.history.items()}),
         "messages": digest(federation.sent()),
+        "result-metrics": digest({
+            part: {r: base.untimed(dict(m)) for r, m in getattr(result, part).items()}
+            for part in ("train_metrics_clientapp", "evaluate_metrics_clientapp",
+                         "evaluate_metrics_serverapp")}),
     }
 
 

@@ -27,7 +27,7 @@ import hashlib
 import io
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO
 from pathlib import Path
@@ -41,6 +41,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from .. import __version__
 from ..strategies import FedAvg
+from ..strategies.rounds import EvaluateFn, run_rounds
 from ..strategies.state import (
     NodeMap,
     StrategyState,
@@ -303,16 +304,19 @@ class ResumedRounds(Strategy):
             raise ValueError(f"offset must be >= 0, got {offset}")
         self.strategy, self.offset = strategy, offset
 
-    def start(  # type: ignore[override]  # Flower's parameters, passed on
+    def start(  # type: ignore[override]  # Flower's parameters, and 1.43's should_stop
         self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-        timeout: float = 3600, **kwargs: Any,
+        timeout: float = 3600, train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None, evaluate_fn: EvaluateFn | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Result:
-        """Flower's loop over the remaining rounds, with the wrapped strategy's checks
-        before and after (see :meth:`FedAvg.start`).
-        """
+        """The wrapped strategy's rounds ``offset + 1 ..`` (see :meth:`FedAvg.start`)."""
         with self.strategy.running(grid, initial_arrays, timeout) as run_grid:
-            result = super().start(run_grid, initial_arrays, num_rounds=num_rounds,
-                                   timeout=timeout, **kwargs)
+            result = run_rounds(self.strategy, run_grid, initial_arrays, num_rounds=num_rounds,
+                                timeout=timeout, train_config=train_config,
+                                evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
+                                name=type(self).__name__, summary=self.summary,
+                                offset=self.offset, should_stop=should_stop)
         return self.strategy.end_run(result, num_rounds)
 
     def summary(self) -> None:

@@ -35,6 +35,7 @@ from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, ch
 from .metrics import reply_metrics
 from .nodes import PARTITION_FALLBACK, NodeRegistry, collect_reply_list, node_label
 from .replies import reply_problem
+from .rounds import TrainResult
 from .state import (
     NodeMap,
     StrategyState,
@@ -304,9 +305,8 @@ class CFL(ServerSideRound):
 
     # --- training ---------------------------------------------------------------------
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
         """Train every sampled node from its cluster's model (new nodes: from the
         splits' models, to place them), then update, test and split the clusters.
         """

@@ -32,6 +32,7 @@ from .metrics import aggregate_metrics, reply_metrics
 from .nodes import SAMPLING_FALLBACK, Exchange, NodeRegistry, PartitionOrderGrid
 from .progress import TrainingProgress
 from .replies import filter_replies
+from .rounds import EvaluateFn, TrainResult, own_rounds_error, run_rounds
 from .state import NodeMap, StrategyState
 
 
@@ -198,7 +199,7 @@ class FedAvg(FlowerFedAvg):
         self._sent_at: dict[str, float] = {}
         self._messages_of: dict[str, list[Message]] = {}
 
-    def start(  # type: ignore[override]  # same parameters, plus any Flower adds
+    def start(  # type: ignore[override]  # Flower's parameters, and 1.43's should_stop
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
@@ -206,14 +207,16 @@ class FedAvg(FlowerFedAvg):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-        **kwargs: Any,
+        evaluate_fn: EvaluateFn | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Result:
-        """Flower's ``start``: the last model that trained is ``result.arrays``.
+        """Flower's ``start`` (:func:`~fedgsp_flwr.strategies.rounds.run_rounds`): each
+        round is :meth:`train_round`, then :meth:`evaluate_round`; the last model that
+        trained is ``result.arrays``.
 
         ``timeout`` also bounds the replies the strategy waits for itself (relay hops,
-        edge rounds, queries' training). Further keyword arguments go to Flower's
-        ``start`` as they are.
+        edge rounds, queries' training). ``should_stop``, if given, is asked before each
+        round; ``True`` ends the run with the rounds done.
 
         Raises
         ------
@@ -222,11 +225,30 @@ class FedAvg(FlowerFedAvg):
             trained nothing; its ``arrays`` is the last model that trained.
         """
         with self.running(grid, initial_arrays, timeout) as run_grid:
-            result = super().start(run_grid, initial_arrays, num_rounds=num_rounds,
-                                   timeout=timeout, train_config=train_config,
-                                   evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
-                                   **kwargs)
+            result = run_rounds(self, run_grid, initial_arrays, num_rounds=num_rounds,
+                                timeout=timeout, train_config=train_config,
+                                evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
+                                name=type(self).__name__, summary=self.summary,
+                                should_stop=should_stop)
         return self.end_run(result, num_rounds)
+
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
+        """One training round: :meth:`configure_train`, the replies within ``timeout``,
+        :meth:`aggregate_train` (Flower's steps)."""
+        replies = grid.send_and_receive(
+            messages=self.configure_train(server_round, arrays, config, grid),
+            timeout=timeout)
+        return self.aggregate_train(server_round, replies)
+
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid, timeout: float) -> MetricRecord | None:
+        """One evaluation round: :meth:`configure_evaluate`, the replies within
+        ``timeout``, :meth:`aggregate_evaluate` (Flower's steps)."""
+        replies = grid.send_and_receive(
+            messages=self.configure_evaluate(server_round, arrays, config, grid),
+            timeout=timeout)
+        return self.aggregate_evaluate(server_round, replies)
 
     @contextmanager
     def running(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float,
@@ -500,11 +522,13 @@ class FedProx(FedAvg):
 
 
 class ServerSideRound(FedAvg):
-    """Base of strategies that run a whole training round inside ``configure_train``,
-    driving the grid themselves (relay chains, edge rounds), and hand the round's model
-    to Flower's loop through ``aggregate_train``.
+    """Base of strategies whose training round drives the grid itself (relay chains,
+    edge rounds, k models per node): they override :meth:`train_round` and end it with
+    ``return self.finish_round(...)``.
 
-    Subclasses end ``configure_train`` with ``return self.finish_round(...)``.
+    Flower's ``configure_train`` / ``aggregate_train`` pair cannot make such a round:
+    called, they raise ``TypeError`` (use :meth:`start`, or :meth:`train_round` and
+    :meth:`evaluate_round` from a loop of your own).
 
     Parameters
     ----------
@@ -521,7 +545,6 @@ class ServerSideRound(FedAvg):
         check_parameters(type(self).__name__, [
             (train_timeout > 0, f"train_timeout must be > 0, got {train_timeout}")])
         self.train_timeout = train_timeout
-        self._round_result: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
 
     @property
     def reply_timeout(self) -> float:
@@ -530,9 +553,8 @@ class ServerSideRound(FedAvg):
 
     def finish_round(self, server_round: int, arrays: ArrayRecord | None,
                      metrics: dict[str, Any], used: int, rejected: dict[int, str],
-                     expected: int | None = None) -> list[Message]:
-        """Keep the round's model and metrics for ``aggregate_train``, record the round,
-        and return no messages (Flower's loop then has none to send).
+                     expected: int | None = None) -> TrainResult:
+        """Record the round and return its model and metrics.
 
         ``used`` replies trained ``arrays``; ``rejected`` says why each other node's
         was unusable; of ``expected`` replies the others did not come in time.
@@ -542,14 +564,24 @@ class ServerSideRound(FedAvg):
         TrainingStalled
             See :class:`~fedgsp_flwr.strategies.progress.TrainingProgress`.
         """
-        self._round_result = (arrays if used else None, MetricRecord(metrics))
-        self._record(server_round, TRAIN, self._round_result[1], used, rejected)
+        record = MetricRecord(metrics)
+        self._record(server_round, TRAIN, record, used, rejected)
         self.progress.record(server_round, arrays, used, rejected, expected)
-        return []
+        return (arrays if used else None), record
+
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
+        """The strategy's training round (subclasses)."""
+        raise NotImplementedError(f"{type(self).__name__} must override train_round")
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Not a step of this strategy's round: raises ``TypeError``."""
+        raise own_rounds_error(self, "configure_train")
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Return the model and metrics of this round (computed in configure_train)."""
-        result, self._round_result = self._round_result, (None, None)
-        return result
+        """Not a step of this strategy's round: raises ``TypeError``."""
+        raise own_rounds_error(self, "aggregate_train")

@@ -23,6 +23,7 @@ from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
 from .metrics import reply_metrics
 from .nodes import PARTITION_FALLBACK, NodeRegistry, collect_reply_list, node_label
 from .replies import reply_problem
+from .rounds import TrainResult
 from .state import (
     NodeMap,
     StrategyState,
@@ -225,9 +226,8 @@ class FeSEM(ServerSideRound):
 
     # --- training ---------------------------------------------------------------------
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
         """Send each sampled node its centre, then run one E-step and one M-step."""
         started = time.monotonic()
         if self.start_model is None:

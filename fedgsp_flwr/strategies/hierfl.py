@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -29,6 +28,7 @@ from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, ch
 from .metrics import reply_metrics
 from .nodes import NodeRegistry, collect_replies
 from .replies import filter_replies
+from .rounds import TrainResult
 from .state import (
     NodeMap,
     StrategyState,
@@ -250,9 +250,8 @@ class HierFL(ServerSideRound):
 
     # --- training ---------------------------------------------------------------------
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
         """Run the cloud round's ``tau2`` edge rounds; the result waits for aggregate_train."""
         started = time.monotonic()
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes

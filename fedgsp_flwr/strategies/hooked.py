@@ -8,7 +8,7 @@ clients' step differs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from logging import WARNING
 from typing import Any, cast
 
@@ -20,6 +20,7 @@ from ..protocol import EVALUATE, TRAIN
 from .fedavg import FedAvg, ServerSideRound, array_bytes
 from .nodes import HookSupport, collect_reply_list, missing_handler
 from .replies import error_text
+from .rounds import TrainResult
 from .state import NodeMap, StrategyState, from_pairs, pairs
 
 
@@ -41,7 +42,9 @@ class HookedTrain(ServerSideRound):
     With an ``evaluate_type``, evaluations go as that type too, to the nodes that train
     with the hook; a node without its handler is evaluated with plain ``evaluate`` (one
     WARNING), and the round's evaluation metrics are computed in
-    :meth:`configure_evaluate`.
+    :meth:`evaluate_round`. Flower's ``configure_evaluate`` / ``aggregate_evaluate``
+    pair, driven from another loop, evaluates the global model with plain ``evaluate``
+    messages.
 
     Subclasses set the message config (:meth:`hook_config`), may change what a plain
     node is sent (:meth:`as_plain`) and how its evaluation reply reads
@@ -78,7 +81,6 @@ class HookedTrain(ServerSideRound):
         self.hooks = HookSupport(owner, fallbacks)
         self.plain: dict[int, str] = {}
         self._plain_eval: set[int] = set()  # nodes without the evaluate_type handler alone
-        self._eval_result: MetricRecord | None = None
 
     # --- checkpoint -------------------------------------------------------------------
 
@@ -181,16 +183,15 @@ class HookedTrain(ServerSideRound):
     def complete_reply(self, message: Message, reply: Message) -> None:
         """Make a plain node's reply comparable with the hooked ones (in place)."""
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Run FedAvg's round with ``train_type`` messages and keep its result (a round
-        that sends nothing is recorded as FedAvg records it).
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
+        """FedAvg's round with ``train_type`` messages (a round that sends nothing is
+        recorded as FedAvg records it).
         """
         self.hook_config(config)
         arrays = self.train_arrays(arrays)
         messages = [self.route(m, self.train_type, TRAIN)
-                    for m in super().configure_train(server_round, arrays, config, grid)]
+                    for m in FedAvg.configure_train(self, server_round, arrays, config, grid)]
         sent, replies, pushed = self.exchange(grid, messages, TRAIN)
         for message, reply in zip(sent, replies, strict=True):
             if reply is not None and message.metadata.message_type == TRAIN:
@@ -208,8 +209,7 @@ class HookedTrain(ServerSideRound):
         self.history[server_round]["bytes-sent"] = array_bytes(pushed)
         if metrics is not None:
             metrics = MetricRecord({**dict(metrics), **counts})
-        self._round_result = (arrays_out, metrics)
-        return []
+        return arrays_out, metrics
 
     # --- evaluation -------------------------------------------------------------------
 
@@ -221,39 +221,23 @@ class HookedTrain(ServerSideRound):
         """Per-round counts added to the evaluation metrics."""
         return {}
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """FedAvg's evaluation; with an ``evaluate_type``, sent here as that type (plain
-        ``evaluate`` where the hook lacks) and aggregated here: nothing is left for
-        Flower to send, and :meth:`aggregate_evaluate` returns the metrics.
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid, timeout: float) -> MetricRecord | None:
+        """FedAvg's evaluation; with an ``evaluate_type``, sent as that type (plain
+        ``evaluate`` where the hook lacks) and aggregated here.
         """
-        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
         if self.evaluate_type is None:
-            return messages
-        self._eval_result = None
+            return super().evaluate_round(server_round, arrays, config, grid, timeout)
+        messages = list(self.configure_evaluate(server_round, arrays, config, grid))
         if not messages:
-            return []
+            return None
         messages = [self.route(m, self.evaluate_type, EVALUATE) for m in messages]
         sent, replies, _ = self.exchange(grid, messages, EVALUATE)
         for message, reply in zip(sent, replies, strict=True):
             if message.metadata.message_type == EVALUATE and reply is not None:
                 self.complete_eval_reply(reply)
         self._messages_of[EVALUATE] = sent
-        metrics = FedAvg.aggregate_evaluate(self, server_round,
-                                            [r for r in replies if r is not None])
+        metrics = self.aggregate_evaluate(server_round, [r for r in replies if r is not None])
         counts = self.eval_counts()
         self.history[server_round].update(counts)
-        if metrics is not None:
-            self._eval_result = MetricRecord({**dict(metrics), **counts})
-        return []
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """FedAvg's; with an ``evaluate_type``, the metrics computed in
-        :meth:`configure_evaluate`."""
-        if self.evaluate_type is None:
-            return super().aggregate_evaluate(server_round, replies)
-        result, self._eval_result = self._eval_result, None
-        return result
+        return None if metrics is None else MetricRecord({**dict(metrics), **counts})

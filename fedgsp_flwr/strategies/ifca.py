@@ -6,7 +6,7 @@ import io
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any, cast
@@ -52,6 +52,7 @@ from .nodes import (
     node_label,
 )
 from .replies import arrays_problem, error_text, reply_problem
+from .rounds import TrainResult
 from .state import (
     NodeMap,
     StrategyState,
@@ -227,7 +228,6 @@ class IFCA(ServerSideRound):
         self.warmup_group: dict[int, int] = {}
         self.rounds_run = 0
         self.model_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by model
-        self._eval_result: MetricRecord | None = None
 
     def registry(self) -> NodeRegistry:
         """Partition ids only (see :meth:`FedAvg.registry`)."""
@@ -313,9 +313,8 @@ class IFCA(ServerSideRound):
 
     # --- training ---------------------------------------------------------------------
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
         """Run one IFCA round (or warm-up round) and keep its result."""
         started = time.monotonic()
         if not self.models:
@@ -517,16 +516,14 @@ class IFCA(ServerSideRound):
 
     # --- evaluation -------------------------------------------------------------------
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid, timeout: float) -> MetricRecord | None:
         """Score each sampled node with the model it last chose; a node that never chose
         with the model of lowest loss among the k it evaluates (``eval-inferred``).
         Nothing the training uses changes here.
         """
-        self._eval_result = None
         if self.fraction_evaluate == 0.0 or not self.models:
-            return []
+            return None
         started = time.monotonic()
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)
         nodes = sample_share(self.known.order(connected), self.fraction_evaluate,
@@ -559,9 +556,9 @@ class IFCA(ServerSideRound):
             model: dict(self.evaluate_metrics_aggr_fn(
                 [c for m, c in scored if m == model], self.weighted_by_key))
             for model in sorted({m for m, _ in scored})}
-        self._eval_result = MetricRecord(result) if scored else None
-        self._record(server_round, EVALUATE, self._eval_result, len(scored), rejected)
-        return []
+        metrics = MetricRecord(result) if scored else None
+        self._record(server_round, EVALUATE, metrics, len(scored), rejected)
+        return metrics
 
     def node_score(self, replies: Sequence[tuple[int, Message | None]]
                    ) -> tuple[int, RecordDict | None, str | None]:
@@ -580,13 +577,6 @@ class IFCA(ServerSideRound):
             return -1, None, problem
         best = pick_model(losses)
         return best, cast(Message, replies[best][1]).content, None
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Return the metrics computed in ``configure_evaluate``."""
-        result, self._eval_result = self._eval_result, None
-        return result
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each model with the nodes that last chose it and its last evaluation."""

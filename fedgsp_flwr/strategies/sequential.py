@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import time
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -19,6 +19,7 @@ from .fedavg import GroupModel, ServerSideRound, average_arrays, check_parameter
 from .metrics import MetricsAggregation
 from .nodes import NodeRegistry, node_label
 from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
+from .rounds import TrainResult
 from .state import NodeMap, StrategyState, generator_state, set_generator_state
 
 
@@ -135,9 +136,8 @@ class RelayStrategy(ServerSideRound):
             "example-weighted" if self.weighted_average else "uniform")
         super().summary()
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
         """Run the round's relay chains; the round's result waits for aggregate_train."""
         chains, metrics = self.make_chains(server_round, grid)
         partitions = self.known.partition_ids

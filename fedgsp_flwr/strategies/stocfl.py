@@ -64,6 +64,7 @@ from .nodes import (
     vector_problem,
 )
 from .replies import arrays_problem, reply_problem
+from .rounds import TrainResult
 from .state import (
     NodeMap,
     StrategyState,
@@ -241,7 +242,6 @@ class StoCFL(ServerSideRound):
         self.trained: set[int] = set()
         self.held_out: set[int] = set()
         self._decided: set[int] = set()  # nodes whose hold-out draw is done
-        self._eval_result: MetricRecord | None = None
 
     def summary(self) -> None:
         """Log StoCFL's settings, then FedAvg's."""
@@ -476,9 +476,8 @@ class StoCFL(ServerSideRound):
         eligible = self.order(n for n in connected if n not in self.held_out)
         return sample_share(eligible, self.fraction_train, self.min_train_nodes, self.rng)
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                    grid: Grid, timeout: float) -> TrainResult:
         """Sketch and cluster new nodes, run the bi-level round, keep its result."""
         started = time.monotonic()
         if self.anchor is None:
@@ -600,9 +599,8 @@ class StoCFL(ServerSideRound):
 
     # --- evaluation -------------------------------------------------------------------
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid, timeout: float) -> MetricRecord | None:
         """Score sampled nodes on their cluster's model and on w; keep the metrics.
 
         Whatever the ClientApp names its metrics (``eval_acc``), each is reported for
@@ -612,9 +610,8 @@ class StoCFL(ServerSideRound):
         ``eval-placed`` counts the nodes outside the clustering scored by inference
         (:meth:`eval_models`). Nothing the training uses changes here.
         """
-        self._eval_result = None
         if self.fraction_evaluate == 0.0:
-            return []
+            return None
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)
         nodes = sample_share(partition_order(
             (n for n in connected if n not in self.suspects),
@@ -653,10 +650,10 @@ class StoCFL(ServerSideRound):
         self.cluster_eval = {c: dict(self.evaluate_metrics_aggr_fn(contents,
                                                                    self.weighted_by_key))
                              for c, contents in by_cluster.items()}
-        self._eval_result = MetricRecord(result) if subsets else None
-        self._record(server_round, EVALUATE, self._eval_result, len(subsets.get("", [])),
+        metrics = MetricRecord(result) if subsets else None
+        self._record(server_round, EVALUATE, metrics, len(subsets.get("", [])),
                      rejected)
-        return []
+        return metrics
 
     def eval_models(self, grid: Grid, nodes: Sequence[int], arrays: ArrayRecord
                     ) -> tuple[list[ArrayRecord], int]:
@@ -715,13 +712,6 @@ class StoCFL(ServerSideRound):
             return "no reply within the round's timeout"
         return reply_problem(reply, reference=None, weighted_by_key=self.weighted_by_key,
                              require_arrays=False)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Return the metrics computed in ``configure_evaluate``."""
-        result, self._eval_result = self._eval_result, None
-        return result
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each cluster's model theta_k with its members and last evaluation, by cluster

@@ -334,9 +334,8 @@ BUILD: dict[str, Callable[[], Strategy]] = {
 }
 # Exported, but not run here, and why.
 NOT_RUN = {
-    # No round of its own: configure_train is FedAvg's (its messages go out) and
-    # aggregate_train returns what a subclass's configure_train left, so alone it
-    # trains nothing and stops with TrainingStalled. Every subclass of it (FedMMD,
+    # No round of its own: its train_round is its subclasses' to write (alone it
+    # raises NotImplementedError). Every subclass of it (FedMMD,
     # FedFusion, Ditto, FedGSP, SemiFL, RelayStrategy, HierFL, IFCA, CFL, FeSEM,
     # StoCFL) runs here.
     "ServerSideRound",
