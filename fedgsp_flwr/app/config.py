@@ -29,9 +29,9 @@ from ..core.multicenter import INITS
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..protocol import TRAIN
+from ..strategies.exchange import MAX_POLL_INTERVAL
 from ..strategies.fesem import NEW_CLIENTS
 from ..strategies.ida import WEIGHTINGS as IDA_WEIGHTINGS
-from ..strategies.nodes import MAX_POLL_INTERVAL
 from ..strategies.semifl import CLUSTER_SOURCES
 from ..strategies.sequential import relay_message_type_problem
 

@@ -28,7 +28,7 @@ from ..models import (
 )
 from ..protocol import BATCH_SIZE, LOCAL_EPOCHS, LR, MOMENTUM
 from ..strategies import FedAvg
-from ..strategies.nodes import query_partitions
+from ..strategies.node_queries import query_partitions
 from ..strategies.state import record_arrays, to_record
 from ..threads import is_simulation, server_work
 from .checkpoint import (

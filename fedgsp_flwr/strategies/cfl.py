@@ -31,9 +31,10 @@ from ..core.cfl import (
 from ..core.clustering import agreement_scores
 from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
+from .exchange import collect_reply_list
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
-from .nodes import PARTITION_FALLBACK, NodeRegistry, collect_reply_list, node_label
+from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .replies import reply_problem
 from .rounds import TrainResult
 from .state import (

@@ -2,7 +2,7 @@
 every strategy of this package.
 
 Shared behaviour lives in objects a strategy holds, not in mixins: the node registry
-(:class:`~fedgsp_flwr.strategies.nodes.NodeRegistry`, ``self.known``), the reply
+(:class:`~fedgsp_flwr.strategies.node_registry.NodeRegistry`, ``self.known``), the reply
 checks (:func:`~fedgsp_flwr.strategies.replies.filter_replies`) and the checkpoint
 state (:class:`~fedgsp_flwr.strategies.state.StrategyState`).
 """
@@ -28,8 +28,9 @@ from ..core.arrays import as_dtype
 from ..protocol import EVALUATE, PARTITION, PROXIMAL_MU, TRAIN
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .decoding import values as array_values
+from .exchange import Exchange
 from .metrics import aggregate_metrics, reply_metrics
-from .nodes import SAMPLING_FALLBACK, Exchange, NodeRegistry, PartitionOrderGrid
+from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .rounds import EvaluateFn, TrainResult, own_rounds_error, run_rounds
@@ -457,7 +458,7 @@ class FedAvg(FlowerFedAvg):
 
     def _screen(self, stage: str, replies: Iterable[Message]) -> list[Message]:
         """The replies that answer this stage's messages, each from the node asked and
-        once (see :class:`~fedgsp_flwr.strategies.nodes.Exchange`); without the
+        once (see :class:`~fedgsp_flwr.strategies.exchange.Exchange`); without the
         messages (a caller that drives the aggregation itself), duplicates only are
         refused.
         """

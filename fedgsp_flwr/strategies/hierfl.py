@@ -24,9 +24,10 @@ from ..core.edge_assignment import (
     warm_start,
 )
 from ..protocol import ARRAYS, CONFIG, LOCAL_STEPS, SERVER_ROUND, TRAIN
+from .exchange import collect_replies
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
-from .nodes import NodeRegistry, collect_replies
+from .node_registry import NodeRegistry
 from .replies import filter_replies
 from .rounds import TrainResult
 from .state import (

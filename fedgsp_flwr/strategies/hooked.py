@@ -17,8 +17,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..protocol import EVALUATE, TRAIN
+from .exchange import collect_reply_list
 from .fedavg import FedAvg, ServerSideRound, array_bytes
-from .nodes import HookSupport, collect_reply_list, missing_handler
+from .hook_support import HookSupport, missing_handler
 from .replies import error_text
 from .rounds import TrainResult
 from .state import NodeMap, StrategyState, from_pairs, pairs
@@ -35,7 +36,7 @@ class HookedTrain(ServerSideRound):
 
     The first ``train_type`` message goes to one node; if its ClientApp has no handler,
     one WARNING names the fallback and every node gets plain ``train`` messages (see
-    :class:`~fedgsp_flwr.strategies.nodes.HookSupport`). In a mixed federation, each
+    :class:`~fedgsp_flwr.strategies.hook_support.HookSupport`). In a mixed federation, each
     node without the handler (after a successful probe) is logged once and takes the
     fallback alone.
 

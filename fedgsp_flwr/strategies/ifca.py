@@ -41,16 +41,11 @@ from ..protocol import (
     TRAIN_IFCA,
     ifca_model_record,
 )
+from .exchange import collect_reply_list
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
+from .hook_support import HookSupport, missing_handler
 from .metrics import reply_metrics
-from .nodes import (
-    PARTITION_FALLBACK,
-    HookSupport,
-    NodeRegistry,
-    collect_reply_list,
-    missing_handler,
-    node_label,
-)
+from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
 from .state import (

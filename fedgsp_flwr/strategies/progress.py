@@ -15,7 +15,7 @@ from logging import WARNING
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
 
-from .nodes import MISSING_HANDLER_TEXT
+from .hook_support import MISSING_HANDLER_TEXT
 
 
 class TrainingStalled(RuntimeError):

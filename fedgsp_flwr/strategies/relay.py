@@ -27,8 +27,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..protocol import ARRAYS, CONFIG, NUM_EXAMPLES, RELAY_GROUP, RELAY_HOP, TRAIN
+from .exchange import PollBackoff, from_superlink, unreachable
+from .hook_support import missing_handler
 from .metrics import reply_metrics
-from .nodes import PollBackoff, from_superlink, missing_handler, unreachable
 from .replies import reply_problem
 
 HOP_OK = "ok"

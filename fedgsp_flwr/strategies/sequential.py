@@ -17,7 +17,7 @@ from flwr.serverapp import Grid
 from ..protocol import METRICS, SERVER_ROUND, TRAIN
 from .fedavg import GroupModel, ServerSideRound, average_arrays, check_parameters
 from .metrics import MetricsAggregation
-from .nodes import NodeRegistry, node_label
+from .node_registry import NodeRegistry, node_label
 from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
 from .rounds import TrainResult
 from .state import NodeMap, StrategyState, generator_state, set_generator_state

@@ -45,6 +45,7 @@ from ..protocol import (
     TRAIN_BILEVEL,
 )
 from .decoding import values
+from .exchange import collect_reply_list, unreachable
 from .fedavg import (
     GroupModel,
     ServerSideRound,
@@ -52,17 +53,10 @@ from .fedavg import (
     average_arrays,
     check_parameters,
 )
+from .hook_support import HookSupport
 from .metrics import renamed, reply_metrics
-from .nodes import (
-    HookSupport,
-    agreed_vectors,
-    collect_reply_list,
-    node_label,
-    query_partitions,
-    reply_vector,
-    unreachable,
-    vector_problem,
-)
+from .node_queries import agreed_vectors, query_partitions, reply_vector, vector_problem
+from .node_registry import node_label
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
 from .state import (

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedgsp_flwr.strategies import FedAvg, FeSEM, StoCFL, filter_replies
-from fedgsp_flwr.strategies.nodes import histogram_problem, query_histograms
+from fedgsp_flwr.strategies.node_queries import histogram_problem, query_histograms
 from fedgsp_flwr.strategies.relay import run_relay
 
 SHAPES = {"w": (3, 2), "b": (2,)}

@@ -41,12 +41,9 @@ from hypothesis import strategies as st
 from test_hostile_input import FEW, flwr_warnings
 
 import fedgsp_flwr.strategies as exported
-from fedgsp_flwr.strategies.nodes import (
-    Exchange,
-    NodeRegistry,
-    query_histograms,
-    query_partitions,
-)
+from fedgsp_flwr.strategies.exchange import Exchange
+from fedgsp_flwr.strategies.node_queries import query_histograms, query_partitions
+from fedgsp_flwr.strategies.node_registry import NodeRegistry
 from fedgsp_flwr.strategies.relay import run_relay
 from fedgsp_flwr.strategies.state import StrategyState
 

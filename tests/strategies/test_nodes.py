@@ -10,14 +10,11 @@ from fakegrid import FakeGrid
 from flwr.app import Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 
-from fedgsp_flwr.strategies import nodes as nodes_module
-from fedgsp_flwr.strategies.nodes import (
-    HookSupport,
-    NodeRegistry,
-    PollBackoff,
-    collect_reply_list,
-    missing_handler,
-)
+from fedgsp_flwr.strategies import exchange as exchange_module
+from fedgsp_flwr.strategies import hook_support as hook_support_module
+from fedgsp_flwr.strategies.exchange import PollBackoff, collect_reply_list
+from fedgsp_flwr.strategies.hook_support import HookSupport, missing_handler
+from fedgsp_flwr.strategies.node_registry import NodeRegistry
 
 
 def node(*types: str):
@@ -73,7 +70,7 @@ def test_nodes_without_the_hook_among_nodes_with_it_are_answered_one_by_one() ->
 def test_an_unreachable_error_never_says_a_hook_is_missing() -> None:
     message = messages("query.x", range(3, 4))[0]
     message.metadata.__dict__["_message_id"] = "m3"
-    text = f"no {nodes_module.MISSING_HANDLER_TEXT} 'query.x'"
+    text = f"no {hook_support_module.MISSING_HANDLER_TEXT} 'query.x'"
     for code, missing in ((ErrorCode.NODE_UNAVAILABLE, False),
                           (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, True)):
         reply = Message(Error(code=int(code), reason=text), reply_to=message)
@@ -160,7 +157,7 @@ def test_a_registry_asks_only_histograms_or_partitions() -> None:
 def test_polls_back_off_while_no_reply_comes_and_start_over_after_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(nodes_module.time, "sleep", slept.append)
+    monkeypatch.setattr(exchange_module.time, "sleep", slept.append)
     backoff = PollBackoff(0.02)
     for replied in (False, False, False, True, False, *[False] * 6):
         backoff.after(replied)
