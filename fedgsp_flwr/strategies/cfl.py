@@ -31,7 +31,7 @@ from ..core.cfl import (
 from ..core.clustering import agreement_scores
 from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
-from .exchange import collect_reply_list
+from .exchange import collect_reply_list, screen
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
@@ -368,20 +368,13 @@ class CFL(ServerSideRound):
         """The sound replies by node and tree node, and why each node with none has
         none (one WARNING per rejected reply).
         """
+        screened = screen("CFL", server_round, plan, replies, lambda t, reply: reply_problem(
+            reply, reference=records[t], weighted_by_key=self.weighted_by_key,
+            require_arrays=True))
         fits: dict[int, dict[int, Message]] = {}
-        problems: dict[int, list[str]] = {}
-        for (node, t), reply in zip(plan, replies, strict=True):
-            problem = ("no reply within the round's timeout" if reply is None else
-                       reply_problem(reply, reference=records[t],
-                                     weighted_by_key=self.weighted_by_key,
-                                     require_arrays=True))
-            if problem is not None or reply is None:
-                problems.setdefault(node, []).append(problem or "")
-                log(WARNING, "CFL round %d: rejected reply from node %d: %s",
-                    server_round, node, problem)
-            else:
-                fits.setdefault(node, {})[t] = reply
-        return fits, {n: "; ".join(p) for n, p in problems.items() if n not in fits}
+        for node, t, reply in screened.sound:
+            fits.setdefault(node, {})[t] = reply
+        return fits, screened.rejected()
 
     def train_clusters(self, server_round: int,
                        by_leaf: Mapping[int, Sequence[tuple[int, Message]]],

@@ -3,14 +3,17 @@ each reply to the message it answers.
 
 Exchanges refuse forged, stray and doubled replies (:class:`Exchange`), wait between
 polls with a backoff (:class:`PollBackoff`) and tell a node that is gone
-(:func:`unreachable`, :func:`from_superlink`) from one that answered with an error.
+(:func:`unreachable`, :func:`from_superlink`) from one that answered with an error;
+:func:`screen` sorts a round's replies into the sound ones and each node's problems.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from logging import WARNING
+from typing import Generic, TypeVar
 
 from flwr.app import Error, Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
@@ -20,6 +23,10 @@ from flwr.serverapp import Grid
 # Error replies the SuperLink makes for a node that is gone, not ones its ClientApp sent.
 UNREACHABLE_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
                       ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
+
+
+Key = TypeVar("Key")
+NO_REPLY = "no reply within the round's timeout"
 
 
 class Exchange:
@@ -205,3 +212,43 @@ def from_superlink(reply: Message) -> bool:
     return (reply.metadata.src_node_id == SUPERLINK_NODE_ID and reply.has_error()
             and reply.error.code in UNREACHABLE_ERRORS)
 
+
+@dataclass
+class Screened(Generic[Key]):
+    """A round's replies sorted by :func:`screen`.
+
+    Attributes
+    ----------
+    sound : list[tuple[int, Key, Message]]
+        (node, key, reply) of each usable reply, in the plan's order.
+    problems : dict[int, list[str]]
+        Why each refused reply of a node was refused, by node.
+    """
+
+    sound: list[tuple[int, Key, Message]] = field(default_factory=list)
+    problems: dict[int, list[str]] = field(default_factory=dict)
+
+    def rejected(self) -> dict[int, str]:
+        """Why each node with no usable reply has none (its problems joined)."""
+        kept = {node for node, _, _ in self.sound}
+        return {n: "; ".join(p) for n, p in self.problems.items() if n not in kept}
+
+
+def screen(owner: str, server_round: int, plan: Sequence[tuple[int, Key]],
+           replies: Sequence[Message | None],
+           problem: Callable[[Key, Message], str | None]) -> Screened[Key]:
+    """Sort the replies to a round's messages (``plan[i]`` = (node, key) of message i)
+    into the usable ones and, for the others, why: no reply in time, or ``problem``'s
+    answer. Each refused reply is logged: ``<owner> round <r>: rejected reply from node
+    <n>: <why>``.
+    """
+    out: Screened[Key] = Screened()
+    for (node, key), reply in zip(plan, replies, strict=True):
+        why = NO_REPLY if reply is None else problem(key, reply)
+        if why is not None or reply is None:
+            out.problems.setdefault(node, []).append(why or "")
+            log(WARNING, "%s round %d: rejected reply from node %d: %s", owner, server_round,
+                node, why)
+        else:
+            out.sound.append((node, key, reply))
+    return out

@@ -19,7 +19,7 @@ from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
 from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
-from .exchange import collect_reply_list
+from .exchange import collect_reply_list, screen
 from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
@@ -249,21 +249,14 @@ class FeSEM(ServerSideRound):
         replies = collect_reply_list(grid, messages, self.reply_timeout)
         self.known.forget_unanswered(
             (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
+        screened = screen("FeSEM", server_round, plan, replies, lambda _, reply: reply_problem(
+            reply, reference=arrays, weighted_by_key=self.weighted_by_key,
+            require_arrays=True))
         fits: dict[int, list[tuple[int | None, Message]]] = {}
-        problems: dict[int, list[str]] = {}
-        for (node, centre), reply in zip(plan, replies, strict=True):
-            problem = ("no reply within the round's timeout" if reply is None else
-                       reply_problem(reply, reference=arrays,
-                                     weighted_by_key=self.weighted_by_key,
-                                     require_arrays=True))
-            if problem is not None or reply is None:
-                problems.setdefault(node, []).append(problem or "")
-                log(WARNING, "FeSEM round %d: rejected reply from node %d: %s",
-                    server_round, node, problem)
-            else:
-                fits.setdefault(node, []).append((centre, reply))
+        for node, centre, reply in screened.sound:
+            fits.setdefault(node, []).append((centre, reply))
         sound = [(node, self.closest_fit(fits[node])) for node in sampled if node in fits]
-        rejected = {node: "; ".join(problems[node]) for node in sampled if node not in fits}
+        rejected = screened.rejected()
         metrics: dict[str, Any] = {"sampled": len(sampled), "probe-fits": len(plan) - len(sampled),
                                    "bytes-sent": array_bytes(messages),
                                    "bytes-received": array_bytes(

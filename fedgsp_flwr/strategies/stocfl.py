@@ -45,7 +45,7 @@ from ..protocol import (
     TRAIN_BILEVEL,
 )
 from .decoding import values
-from .exchange import collect_reply_list, unreachable
+from .exchange import collect_reply_list, screen, unreachable
 from .fedavg import (
     GroupModel,
     ServerSideRound,
@@ -501,17 +501,12 @@ class StoCFL(ServerSideRound):
         global_parts: list[tuple[ArrayRecord, float]] = []
         cluster_parts: dict[int, list[tuple[ArrayRecord, float]]] = {}
         reported: list[RecordDict] = []
-        problems: dict[int, list[str]] = {}
         trained: set[int] = set()
-        for (node, kind, _), reply in zip(plan, replies, strict=True):
+        screened = screen("StoCFL", server_round, [(node, kind) for node, kind, _ in plan],
+                          replies, lambda kind, reply: self.train_reply_problem(
+                              reply, arrays, kind == TRAIN_BILEVEL))
+        for node, kind, reply in screened.sound:
             cluster = self.clustering.cluster_of.get(node)
-            problem = ("no reply within the round's timeout" if reply is None else
-                       self.train_reply_problem(reply, arrays, kind == TRAIN_BILEVEL))
-            if problem is not None or reply is None:
-                problems.setdefault(node, []).append(problem or "")
-                log(WARNING, "StoCFL round %d: rejected reply from node %d: %s",
-                    server_round, node, problem)
-                continue
             metrics = reply_metrics(reply.content)
             weight = float(cast(float, metrics[self.weighted_by_key]))
             records = reply.content.array_records
@@ -546,7 +541,7 @@ class StoCFL(ServerSideRound):
         log(INFO, "StoCFL round %d: %d clusters over %d clients (%d merges)%s", server_round,
             round_metrics["num-clusters"], round_metrics["clustered-clients"], len(merges),
             f", ARI {round_metrics['ari']:.3f}" if "ari" in round_metrics else "")
-        rejected = {n: "; ".join(p) for n, p in problems.items() if n not in trained}
+        rejected = screened.rejected()
         return self.finish_round(server_round, new_global, round_metrics, len(trained),
                                  rejected, len(sampled))
 
