@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -193,6 +193,7 @@ class FedAvg(FlowerFedAvg):
         check_parameters(type(self).__name__,
                          run_checks(max_untrained_rounds, server_threads, query_timeout))
         self.history: dict[int, dict[str, Any]] = {}
+        self._size_warned = False
         self.take_run_options(max_untrained_rounds, server_threads, query_timeout)
         self.start_timeout = math.inf
         self._sent_arrays: ArrayRecord | None = None
@@ -279,6 +280,13 @@ class FedAvg(FlowerFedAvg):
         if not result.arrays and self.progress.last_trained is not None:
             result.arrays = self.progress.last_trained  # Flower's Result starts empty
         return result
+
+    def warn_size(self, message: str, *args: Any) -> None:
+        """Log, once per strategy object, a WARNING that the federation is too small for
+        the strategy's settings (what they imply, and the setting to change)."""
+        if not self._size_warned:
+            self._size_warned = True
+            log(WARNING, message, *args)
 
     def take_run_options(self, max_untrained_rounds: int, server_threads: int | None,
                          query_timeout: float) -> None:

@@ -168,6 +168,14 @@ class FedGSP(RelayStrategy):
             return [], {"num-groups": 0}
         m = min(self.num_groups or num_groups(server_round, self.growth, self.alpha,
                                               self.beta, len(nodes)), len(nodes))
+        if 1 < len(nodes) < 2 * m:
+            self.warn_size(
+                "FedGSP: %d groups for %d nodes are groups of one node: round %d is FedAvg "
+                "on the sampled groups' nodes, with no sequential training (the paper's "
+                "beta=10 assumes many more nodes than groups); for chains of at least 2 "
+                "nodes set %s to at most %d", m, len(nodes), server_round,
+                "num_groups (run config fedgsp-num-groups)" if self.num_groups else
+                "beta (run config fedgsp-growth-beta)", len(nodes) // 2)
         options = {"grouping": self.grouping, "max_iter": self.icg_iterations,
                    "normalize": self.icg_normalize, "leftover": self.icg_leftover,
                    "balance": self.icg_balance}

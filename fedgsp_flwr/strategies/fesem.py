@@ -234,8 +234,14 @@ class FeSEM(ServerSideRound):
         if self.start_model is None:
             self.setup(arrays)
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        sampled = sample_share(self.known.reachable(grid, connected), self.fraction_train,
-                               self.min_train_nodes, self.rng)
+        reachable = self.known.reachable(grid, connected)
+        if 0 < len(reachable) < self.k:
+            self.warn_size(
+                "FeSEM: k=%d centres for %d nodes: at least %d centres get no node; set k "
+                "(run config fesem-k) to at most %d", self.k, len(reachable),
+                self.k - len(reachable), len(reachable))
+        sampled = sample_share(reachable, self.fraction_train, self.min_train_nodes,
+                               self.rng)
         records: dict[int | None, ArrayRecord] = {None: cast(ArrayRecord, self.start_model)}
         train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         plan = [(node, centre) for node in sampled for centre in self.starts(node)]

@@ -315,8 +315,14 @@ class IFCA(ServerSideRound):
         if not self.models:
             self.setup(arrays)
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        sampled = sample_share(self.known.reachable(grid, connected), self.fraction_train,
-                               self.min_train_nodes, self.rng)
+        reachable = self.known.reachable(grid, connected)
+        if 0 < len(reachable) < self.k:
+            self.warn_size(
+                "IFCA: k=%d models for %d nodes: at least %d models get no node; set k "
+                "(run config ifca-k) to at most %d", self.k, len(reachable),
+                self.k - len(reachable), len(reachable))
+        sampled = sample_share(reachable, self.fraction_train, self.min_train_nodes,
+                               self.rng)
         train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         warmup = self.rounds_run < self.warmup_rounds
         self.rounds_run += 1

@@ -228,6 +228,12 @@ class SemiFL(RelayStrategy):
         placed = self.cluster_of
         if new := [n for n in reachable if n not in placed]:
             self.place(new)
+        if len(self.clusters) == 1 and len(reachable) > 1:
+            self.warn_size(
+                "SemiFL: all %d nodes are in one cluster (cluster_size=%d): every round is "
+                "one sequential chain through every node, with no clusters in parallel; "
+                "for several clusters set cluster_size (run config semifl-cluster-size) "
+                "below %d", len(reachable), self.cluster_size, len(reachable))
         live = set(reachable)
         chains = []
         for cluster in sorted(self.clusters):
