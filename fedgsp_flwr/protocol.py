@@ -174,8 +174,3 @@ write them."""
 def ifca_model_record(index: int) -> str:
     """The name of model ``index``'s ArrayRecord in a ``train.ifca`` message."""
     return f"{IFCA_MODEL_PREFIX}{index}"
-
-
-def message_type(category: str, action: str) -> str:
-    """``category.action``: the type of a hook message (``train``, ``ifca``: ``train.ifca``)."""
-    return f"{category}.{action}"

@@ -184,7 +184,4 @@ _MOVED = {
     "THREADS_KEY": "fedgsp_flwr.protocol:NUM_THREADS",
     "CONFIG_KEY": "fedgsp_flwr.protocol:CONFIG",
 }
-
-
-def __getattr__(name: str) -> object:
-    return moved(__name__, name, _MOVED)
+__getattr__ = moved(__name__, _MOVED)

@@ -624,7 +624,4 @@ _MOVED = {
     "GLOBAL_KEY": "fedgsp_flwr.protocol:GLOBAL",
     "CLUSTER_KEY": "fedgsp_flwr.protocol:CLUSTER",
 }
-
-
-def __getattr__(name: str) -> object:
-    return moved(__name__, name, _MOVED)
+__getattr__ = moved(__name__, _MOVED)

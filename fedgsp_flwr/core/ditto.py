@@ -9,7 +9,4 @@ _MOVED = {
     "EVALUATE_TYPE": "fedgsp_flwr.protocol:EVALUATE_DITTO",
     "PERSONAL_FLAG": "fedgsp_flwr.protocol:PERSONAL_MODEL",
 }
-
-
-def __getattr__(name: str) -> object:
-    return moved(__name__, name, _MOVED)
+__getattr__ = moved(__name__, _MOVED)

@@ -23,7 +23,4 @@ _MOVED = {
     "TRAIN_TYPE": "fedgsp_flwr.protocol:TRAIN_FEDMMD",
     "WEIGHT_KEY": "fedgsp_flwr.protocol:MMD_WEIGHT",
 }
-
-
-def __getattr__(name: str) -> object:
-    return moved(__name__, name, _MOVED)
+__getattr__ = moved(__name__, _MOVED)

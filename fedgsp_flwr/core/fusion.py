@@ -129,7 +129,4 @@ _MOVED = {
     "TRAIN_TYPE": "fedgsp_flwr.protocol:TRAIN_FEDFUSION",
     "EVALUATE_TYPE": "fedgsp_flwr.protocol:EVALUATE_FEDFUSION",
 }
-
-
-def __getattr__(name: str) -> object:
-    return moved(__name__, name, _MOVED)
+__getattr__ = moved(__name__, _MOVED)

@@ -5,7 +5,4 @@ from ._moved import moved
 
 # Names that moved in 0.7.0; they warn until 0.8.0.
 _MOVED = {"UNSUPPORTED_HOOK_TEXT": "fedgsp_flwr.protocol:UNSUPPORTED_HOOK_TEXT"}
-
-
-def __getattr__(name: str) -> object:
-    return moved(__name__, name, _MOVED)
+__getattr__ = moved(__name__, _MOVED)

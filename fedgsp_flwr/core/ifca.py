@@ -222,7 +222,4 @@ _MOVED = {
     "model_record": "fedgsp_flwr.protocol:ifca_model_record",
     "choice_problem": "fedgsp_flwr.strategies.ifca:choice_problem",
 }
-
-
-def __getattr__(name: str) -> object:
-    return moved(__name__, name, _MOVED)
+__getattr__ = moved(__name__, _MOVED)

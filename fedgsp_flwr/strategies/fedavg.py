@@ -288,6 +288,16 @@ class FedAvg(FlowerFedAvg):
             self._size_warned = True
             log(WARNING, message, *args)
 
+    def warn_unfilled(self, have: int, group: str, nodes: int, member: str, setting: str,
+                      label: str = "") -> None:
+        """:meth:`warn_size` when ``have`` groups (singular ``group``, e.g. ``"centre"``;
+        counted as ``label`` + ``have``: ``"k=5"``) outnumber the ``nodes`` members
+        (singular ``member``) that could fill them."""
+        if 0 < nodes < have:
+            self.warn_size("%s: %s%d %ss for %d %ss: at least %d %ss get no %s; set %s to at "
+                           "most %d", type(self).__name__, label, have, group, nodes, member,
+                           have - nodes, group, member, setting, nodes)
+
     def take_run_options(self, max_untrained_rounds: int, server_threads: int | None,
                          query_timeout: float) -> None:
         """Set this project's run parameters (checked by :func:`run_checks`) and what

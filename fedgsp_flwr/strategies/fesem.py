@@ -235,11 +235,8 @@ class FeSEM(ServerSideRound):
             self.setup(arrays)
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         reachable = self.known.reachable(grid, connected)
-        if 0 < len(reachable) < self.k:
-            self.warn_size(
-                "FeSEM: k=%d centres for %d nodes: at least %d centres get no node; set k "
-                "(run config fesem-k) to at most %d", self.k, len(reachable),
-                self.k - len(reachable), len(reachable))
+        self.warn_unfilled(self.k, "centre", len(reachable), "node", "k (run config fesem-k)",
+                           label="k=")
         sampled = sample_share(reachable, self.fraction_train, self.min_train_nodes,
                                self.rng)
         records: dict[int | None, ArrayRecord] = {None: cast(ArrayRecord, self.start_model)}

@@ -257,11 +257,8 @@ class HierFL(ServerSideRound):
         started = time.monotonic()
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         users = self.known.reachable(grid, connected)
-        if 0 < len(users) < self.num_edges:
-            self.warn_size(
-                "HierFL: %d edges for %d users: at least %d edges get no user; set "
-                "num_edges (run config hierfl-edges) to at most %d", self.num_edges,
-                len(users), self.num_edges - len(users), len(users))
+        self.warn_unfilled(self.num_edges, "edge", len(users), "user",
+                           "num_edges (run config hierfl-edges)")
         if set(users) != set(self.edge_of):
             self.reassign(users)
         rank = {u: i for i, u in enumerate(self.users)}

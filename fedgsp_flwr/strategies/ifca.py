@@ -316,11 +316,8 @@ class IFCA(ServerSideRound):
             self.setup(arrays)
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         reachable = self.known.reachable(grid, connected)
-        if 0 < len(reachable) < self.k:
-            self.warn_size(
-                "IFCA: k=%d models for %d nodes: at least %d models get no node; set k "
-                "(run config ifca-k) to at most %d", self.k, len(reachable),
-                self.k - len(reachable), len(reachable))
+        self.warn_unfilled(self.k, "model", len(reachable), "node", "k (run config ifca-k)",
+                           label="k=")
         sampled = sample_share(reachable, self.fraction_train, self.min_train_nodes,
                                self.rng)
         train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
