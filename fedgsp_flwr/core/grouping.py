@@ -46,6 +46,7 @@ __all__ = [
     "equal_size_assignment",
     "form_groups",
     "greedy_balanced_assignment",
+    "group_classes",
     "group_cpd",
     "icg",
     "join_smallest",
@@ -517,3 +518,17 @@ def group_cpd(groups: Sequence[Sequence[int]], histograms: Mapping[int, np.ndarr
     cpds = pairwise_cpd(class_distributions(np.stack([histograms[n] for n in members]),
                                             scored, members), sigma)
     return {"cpd-median": float(np.median(cpds)), "cpd-mean": float(np.mean(cpds))}
+
+
+def group_classes(groups: Sequence[Sequence[int]], histograms: Mapping[int, np.ndarray]
+                  ) -> dict[str, float]:
+    """Mean and minimum number of classes a group's members hold between them, over the
+    groups with at least one histogram (empty when none has one): how many classes a
+    chain trained on, the quantity ICG's grouping raises.
+    """
+    counts = [int(np.count_nonzero(np.sum([histograms[n] for n in known], axis=0)))
+              for known in ([n for n in g if n in histograms] for g in groups) if known]
+    if not counts:
+        return {}
+    return {"group-classes-mean": float(np.mean(counts)),
+            "group-classes-min": float(min(counts))}

@@ -13,6 +13,7 @@ from ..core.grouping import (
     GROWTH_FUNCTIONS,
     LEFTOVER_POLICIES,
     form_groups,
+    group_classes,
     group_cpd,
     join_smallest,
     num_groups,
@@ -187,6 +188,7 @@ class FedGSP(RelayStrategy):
             groups, chains = plan.groups, plan.chains
         metrics: dict[str, Any] = {"num-groups": len(groups)}
         metrics.update(group_cpd(groups, self.known.histograms, self.cpd_sigma))
+        metrics.update(group_classes(chains, self.known.histograms))  # the trained groups
         log(INFO, "FedGSP round %d: %d nodes in %d groups, %d sampled", server_round,
             len(nodes), len(groups), len(chains))
         return chains, metrics

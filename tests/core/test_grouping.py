@@ -19,6 +19,7 @@ from fedgsp_flwr.core.grouping import (
     balance_groups,
     class_distributions,
     cpd,
+    group_classes,
     group_cpd,
     icg,
     num_groups,
@@ -443,3 +444,11 @@ def test_group_cpd_is_zero_for_identical_groups_and_needs_two_groups() -> None:
     assert same == {"cpd-median": pytest.approx(0.0), "cpd-mean": pytest.approx(0.0)}
     assert group_cpd([[1, 3], [2, 4]], hist)["cpd-mean"] > 0.1
     assert group_cpd([[1, 2, 6], [7]], hist) == {}  # 6 and 7 have no histogram
+
+
+def test_group_classes_counts_the_classes_a_group_holds_between_its_members() -> None:
+    hist = {1: np.array([5, 0, 0]), 2: np.array([0, 5, 0]), 3: np.array([2, 0, 0]),
+            4: np.array([0, 0, 1])}
+    assert group_classes([[1, 2, 4], [3, 9]], hist) == {"group-classes-mean": 2.0,
+                                                        "group-classes-min": 1.0}
+    assert group_classes([[8, 9]], hist) == {}  # no histogram

@@ -90,6 +90,17 @@ def test_icg_groups_are_more_alike_than_random_ones() -> None:
     assert np.mean(icg_cpd) < 0.5 * np.mean(random_cpd)
 
 
+def test_the_classes_each_trained_group_holds_are_reported() -> None:
+    strategy = FedGSP(num_groups=4, kappa=0.5, seed=0, fraction_evaluate=0.0)
+    grid = grid_of(list(range(8)))
+    strategy.known.refresh(grid, list(range(8)))
+    chains, metrics = strategy.make_chains(1, grid)
+    held = [len({c for n in chain for c in np.flatnonzero(strategy.known.histograms[n])})
+            for chain in chains]
+    assert len(chains) == 2 and metrics["group-classes-mean"] == np.mean(held)
+    assert metrics["group-classes-min"] == min(held)
+
+
 def test_a_node_without_the_histogram_handler_is_grouped_at_random() -> None:
     grid = grid_of(list(range(8)), without_hooks={3})
     strategy = FedGSP(num_groups=2, kappa=1.0, seed=0, fraction_evaluate=0.0)
