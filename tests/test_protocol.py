@@ -37,11 +37,15 @@ def wire_names() -> dict[str, str]:
 
 
 def literals(path: Path) -> list[tuple[int, str]]:
-    """(line, value) of each string constant in the module, docstrings aside (also the
-    string parts of f-strings)."""
+    """(line, value) of each string constant in the module, docstrings and parameter
+    names aside (also the string parts of f-strings)."""
     tree = ast.parse(path.read_text(), str(path))
     docs = {id(node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    # A Param's first argument is a constructor keyword, a Python name, not a wire name.
+    docs |= {id(node.args[0]) for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id == "Param" and node.args}
     return [(node.lineno, node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
             and id(node) not in docs]

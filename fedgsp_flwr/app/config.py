@@ -19,27 +19,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clients.handlers import TrainSettings
-from ..core.cfl import LINKAGES
-from ..core.clustering import MERGE_MODELS, SKETCH_MODES
-from ..core.edge_assignment import POLICIES, REACH_BY
-from ..core.fusion import OPERATORS as FUSION_OPERATORS
 from ..core.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
-from ..core.ifca import INITS as IFCA_INITS
-from ..core.multicenter import INITS
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..protocol import TRAIN
+from ..strategies.cfl import PARAMS as CFL_PARAMS
+from ..strategies.ditto import PARAMS as DITTO_PARAMS
 from ..strategies.exchange import MAX_POLL_INTERVAL
-from ..strategies.fesem import NEW_CLIENTS
-from ..strategies.ida import WEIGHTINGS as IDA_WEIGHTINGS
+from ..strategies.fesem import PARAMS as FESEM_PARAMS
+from ..strategies.hierfl import PARAMS as HIERFL_PARAMS
+from ..strategies.ida import PARAMS as IDA_PARAMS
+from ..strategies.ifca import PARAMS as IFCA_PARAMS
+from ..strategies.params import Param
 from ..strategies.semifl import CLUSTER_SOURCES
+from ..strategies.semifl import PARAMS as SEMIFL_PARAMS
 from ..strategies.sequential import relay_message_type_problem
+from ..strategies.stocfl import PARAMS as STOCFL_PARAMS
+from ..strategies.twostream import FEDFUSION_PARAMS, FEDMMD_PARAMS
 
 # The strategies the app builds by name (fedgsp_flwr.app.registry maps each to a
 # constructor); ``centralized`` is the experiment runner's baseline, not a strategy.
 STRATEGY_NAMES = ("fedavg", "fedprox", "fedgsp", "naivegsp", "naivegsp-icg", "hierfl",
                   "stocfl", "fesem", "semifl", "ifca", "cfl", "ditto", "fedadagrad",
                   "fedadam", "fedyogi", "ida", "fedmmd", "fedfusion")
+
+# The strategies whose run-config keys their own parameter spec declares
+# (fedgsp_flwr.strategies.params); the others' keys are RunConfig's fields below.
+SPECS = (IDA_PARAMS, FEDMMD_PARAMS, FEDFUSION_PARAMS, HIERFL_PARAMS, STOCFL_PARAMS,
+         SEMIFL_PARAMS, FESEM_PARAMS, IFCA_PARAMS, CFL_PARAMS, DITTO_PARAMS)
+SPEC_KEYS: dict[str, Param] = {p.key: p for spec in SPECS for p in spec.keyed()
+                               if p.key is not None}
+
+
+def _spec_defaults() -> dict[str, Any]:
+    return {key: param.default for key, param in SPEC_KEYS.items()}
+
 
 class ConfigError(ValueError):
     """A run-config value is missing, of the wrong type, or out of range."""
@@ -194,19 +208,6 @@ class RunConfig:
     fedopt_beta_2: float = _setting(
         0.99, "FedAdam/FedYogi second-moment decay (Flower's default)",
         lambda v: 0.0 <= v < 1.0, "in [0, 1)")
-    ida_weighting: str = _setting(
-        "inverse-distance", "IDA server weights: inverse-distance (the paper's IDA) | "
-        "inverse-distance-examples (combined with FedAvg's example counts)",
-        choices=IDA_WEIGHTINGS)
-    fedmmd_weight: float = _setting(
-        0.1, "FedMMD: weight of the MMD between the trained and the global model's outputs "
-        "(the authors' code: 0.1)", _non_negative, ">= 0")
-    fedfusion_operator: str = _setting(
-        "conv", "FedFusion fusion operator: conv (1x1 convolution of both feature maps) | "
-        "multi (a weight per channel) | single (one weight)", choices=FUSION_OPERATORS)
-    fedfusion_gamma_momentum: float = _setting(
-        0.9, "FedFusion multi/single: server momentum of gamma (the authors' shadow update; "
-        "0 = FedAvg's mean)", lambda v: 0.0 <= v < 1.0, "in [0, 1)")
     fedgsp_growth: str = _setting("log", "FedGSP growth function of the number of groups",
                                   choices=GROWTH_FUNCTIONS)
     fedgsp_growth_alpha: float = _setting(2.0, "FedGSP growth rate alpha", _positive, "> 0")
@@ -241,110 +242,20 @@ class RunConfig:
         0.02, "seconds the relay waits after a poll that brought no hop reply, doubled "
         f"with each further empty poll up to {MAX_POLL_INTERVAL:g} (or this value if "
         "longer; 3.0 behaves as send_and_receive in deployment)", _positive, "> 0")
-    hierfl_policy: str = _setting(
-        "heuristic", "HierFL user-edge assignment policy (the paper: heuristic, Algorithm 1)",
-        choices=POLICIES)
-    hierfl_edges: int = _setting(10, "HierFL edges of a generated topology", _positive, "> 0")
-    hierfl_reach: int = _setting(
-        2, "HierFL edges in range of each user of a generated topology (r)", _positive, "> 0")
-    hierfl_reach_by: str = _setting(
-        "group", "HierFL generated topology: a group of users of one class on one edge "
-        "shares its extra edges (group, the paper) or each user draws its own (user)",
-        choices=REACH_BY)
     hierfl_topology: str = _setting(
         "", "HierFL topology file, JSON or CSV, user i = partition id i ('' = generated)")
-    hierfl_time_limit: float = _setting(
-        10.0, "HierFL CP-SAT time limit in seconds (optimal, equal-size)", _positive, "> 0")
-    hierfl_size_tolerance: float = _setting(
-        0.05, "HierFL equal-size: each edge's examples within this fraction of n/E (the "
-        "paper's constraint (29))", lambda v: v >= 0, ">= 0")
-    hierfl_tau1: int = _setting(1, "HierFL local SGD steps per user per edge round",
-                                _positive, "> 0")
-    hierfl_tau2: int = _setting(2, "HierFL edge rounds per cloud round", _positive, "> 0")
-    stocfl_tau: float = _setting(
-        0.5, "StoCFL merge threshold on cluster cosine similarity", lambda v: -1 <= v <= 1,
-        "in [-1, 1]")
-    stocfl_lambda: float = _setting(
-        0.05, "StoCFL weight of the cluster models' pull to the global model",
-        _non_negative, ">= 0")
-    stocfl_sketch: str = _setting("gradient", "StoCFL client sketch", choices=SKETCH_MODES)
-    stocfl_sketch_dim: int = _setting(
-        0, "StoCFL sketch projected on the client to this many numbers (0 = model size)",
-        _non_negative, ">= 0")
-    stocfl_sketch_epochs: int = _setting(1, "StoCFL local epochs of the update sketch",
-                                         _positive, "> 0")
-    stocfl_merge_model: str = _setting("larger", "StoCFL model of a merged cluster",
-                                       choices=MERGE_MODELS)
-    stocfl_holdout_fraction: float = _setting(
-        0.0, "StoCFL fraction of nodes never trained, scored by read-only inference",
-        lambda v: 0 <= v < 1, "in [0, 1)")
     semifl_clusters: str = _setting(
         "c3", "Semi-FL static clusters: a rule (the paper: c3), node-config (each node's "
         "cluster-id) or a .json/.csv file (partition id -> cluster id)",
         _is_cluster_source, "one of " + ", ".join(s for s in CLUSTER_SOURCES if s != "file")
         + " or a .json/.csv cluster file")
-    semifl_cluster_size: int = _setting(10, "Semi-FL clients per cluster of the rules",
-                                        _positive, "> 0")
-    semifl_offset: int = _setting(
-        0, "Semi-FL label-homogeneous: rotate the class-sorted clients by this many before "
-        "cutting (half a cluster = the paper's c2)", _non_negative, ">= 0")
-    semifl_shuffle: bool = _setting(False, "Semi-FL shuffles each cluster's order every "
-                                    "round (false = one fixed order)")
-    semifl_weighted: bool = _setting(
-        False, "Semi-FL averages cluster models by examples (false = uniform, the paper)")
-    fesem_k: int = _setting(4, "FeSEM number of centres K", _positive, "> 0")
-    fesem_init: str = _setting("kmeans++", "FeSEM centre initialisation", choices=INITS)
-    fesem_new_clients: str = _setting(
-        "initial", "FeSEM first-seen nodes: initial (the paper: fit the initial model, "
-        "nearest centre) | probe (ours: fine-tune every centre, keep the least moved)",
-        choices=NEW_CLIENTS)
-    fesem_weighted: bool = _setting(
-        False, "FeSEM's M-step averages by examples (false = plain mean, the paper)")
     fesem_layers: str = _setting(
         "", "FeSEM layers (comma-separated array names) the distances use ('' = all)")
-    ifca_k: int = _setting(4, "IFCA number of cluster models k", _positive, "> 0")
-    ifca_init: str = _setting(
-        "redraw", "IFCA model initialisation: redraw (model 0 = the run's model, the others "
-        "redrawn per array with its mean and std) | seeds (model 0 the run's, model j "
-        "with a seed drawn from seed and j)", choices=IFCA_INITS)
     ifca_head_layers: str = _setting(
         "", "IFCA cluster-specific arrays (comma-separated names or module prefixes, e.g. "
         "'fc2'); the others are one shared feature extractor ('' = all cluster-specific)")
-    ifca_warmup_rounds: int = _setting(
-        0, "IFCA rounds before the first choice in which each node trains the model of a "
-        "random group (the authors' FEMNIST warm-up)", _non_negative, ">= 0")
     ifca_loss_key: str = _setting(
         "", "IFCA: the loss metric of plain ClientApps' evaluate replies ('' = found by name)")
-    cfl_eps1: float = _setting(
-        0.4, "CFL: split a cluster only while the norm of its weighted mean update is "
-        "below this (the authors' notebook: 0.4; depends on model, lr and epochs)",
-        _positive, "> 0")
-    cfl_eps2: float = _setting(
-        1.6, "CFL: ... and while its largest client update norm is above this (the "
-        "authors' notebook: 1.6)", _non_negative, ">= 0")
-    cfl_min_split_size: int = _setting(
-        3, "CFL: fewest client updates a split is tested on (the authors' code: > 2)",
-        lambda v: v >= 2, ">= 2")
-    cfl_warmup_rounds: int = _setting(
-        20, "CFL: no split in rounds 1..this (the authors' code: 20)", _non_negative,
-        ">= 0")
-    cfl_linkage: str = _setting(
-        "complete", "CFL bipartition: complete (the authors' code) | optimal (the "
-        "paper's: minimise the largest cross-part similarity; single linkage)",
-        choices=LINKAGES)
-    cfl_split_quorum: float = _setting(
-        1.0, "CFL: share of a cluster's reachable members whose sound replies a split "
-        "test needs (1 = all, the paper's full participation)", _fraction, "in (0, 1]")
-    ditto_lambda: float = _setting(
-        1.0, "Ditto: weight of the personal models' pull to the global model (0 = local "
-        "training; the authors' run scripts: 1; keep lr * lambda <= 1)", _non_negative,
-        ">= 0")
-    ditto_personal_epochs: int = _setting(
-        0, "Ditto: local epochs of the personal model (0 = as the global model's: the "
-        "authors' code)", _non_negative, ">= 0")
-    ditto_personal_steps: int = _setting(
-        0, "Ditto: mini-batch steps of the personal model instead of epochs (0 = not by "
-        "steps; set at most one of the two)", _non_negative, ">= 0")
     cost_flops_per_example: float = _setting(
         0.0, "cost model (FedGSP Eq. 15): training FLOPs per example (0 = counted from the "
         "run's model)", _non_negative, ">= 0")
@@ -390,15 +301,26 @@ class RunConfig:
         "", "node-local folder where clients keep state that must survive a resumed run "
         "(Ditto's personal models; '' = the node state only)")
 
+    # The keys of SPECS, by key: validated by their strategy's spec.
+    options: dict[str, Any] = field(default_factory=_spec_defaults, hash=False)
+
     @classmethod
     def keys(cls) -> list[str]:
-        """Return the run-config keys in declaration order."""
-        return [to_key(f.name) for f in dataclasses.fields(cls)]
+        """Return the run-config keys: the fields' in declaration order, then the
+        strategy specs' ones."""
+        return [*(to_key(f.name) for f in _fields(cls)), *SPEC_KEYS]
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Return the default run config as a kebab-case mapping."""
-        return {to_key(f.name): f.default for f in dataclasses.fields(cls)}
+        return {**{to_key(f.name): f.default for f in _fields(cls)}, **_spec_defaults()}
+
+    @classmethod
+    def types(cls) -> dict[str, str]:
+        """Return each run-config key's type name (``int``, ``float``, ``str``,
+        ``bool``)."""
+        return {**{to_key(f.name): str(f.type) for f in _fields(cls)},
+                **{key: p.type.__name__ for key, p in SPEC_KEYS.items()}}
 
     @classmethod
     def from_mapping(
@@ -424,23 +346,36 @@ class RunConfig:
         ConfigError
             On an unknown key, a value of the wrong type or out of range.
         """
-        known = {to_key(f.name): f for f in dataclasses.fields(cls)}
-        unknown = [k for k in values if k not in known]
+        known = {to_key(f.name): f for f in _fields(cls)}
+        unknown = [k for k in values if k not in known and k not in SPEC_KEYS]
         if unknown and not allow_unknown:
             hints = []
             for key in unknown:
-                close = difflib.get_close_matches(key, known, n=1)
+                close = difflib.get_close_matches(key, [*known, *SPEC_KEYS], n=1)
                 hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
             raise ConfigError(f"Unknown run-config key(s): {', '.join(hints)}")
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for key, fld in known.items():
             if key in values:
-                kwargs[fld.name] = _coerce(key, values[key], fld)
-        return cls(**kwargs)
+                kwargs[fld.name] = _coerce(key, values[key], str(fld.type), fld.default,
+                                           fld.metadata["check"], fld.metadata["rule"],
+                                           fld.metadata.get("fix", ""))
+        options = _spec_defaults()
+        for key, param in SPEC_KEYS.items():
+            if key in values:
+                options[key] = _coerce(key, values[key], param.type.__name__,
+                                       param.default, param.allows, param.range)
+        return cls(**kwargs, options=options)
 
     def to_mapping(self) -> dict[str, Any]:
         """Return the configuration as a kebab-case mapping (JSON-serialisable)."""
-        return {to_key(k): v for k, v in dataclasses.asdict(self).items()}
+        return {**{to_key(f.name): getattr(self, f.name) for f in _fields(type(self))},
+                **self.options}
+
+
+def _fields(cls: type[RunConfig]) -> list[dataclasses.Field[Any]]:
+    """The dataclass fields that are run-config keys (all but ``options``)."""
+    return [f for f in dataclasses.fields(cls) if f.name != "options"]
 
 
 def to_key(attribute: str) -> str:
@@ -448,9 +383,9 @@ def to_key(attribute: str) -> str:
     return attribute.replace("_", "-")
 
 
-def _coerce(key: str, value: Any, fld: dataclasses.Field[Any]) -> Any:
-    """Type-check one value against its field and apply the field's range check."""
-    expected = fld.type if isinstance(fld.type, str) else fld.type.__name__
+def _coerce(key: str, value: Any, expected: str, default: Any,
+            check: Callable[[Any], bool] | None, rule: str, fix: str = "") -> Any:
+    """Type-check one value and apply its range check."""
     if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     python_type = {"int": int, "float": float, "str": str, "bool": bool}[expected]
@@ -461,16 +396,13 @@ def _coerce(key: str, value: Any, fld: dataclasses.Field[Any]) -> Any:
             f"Run-config key '{key}' must be of type {expected}, "
             f"got {value!r} ({type(value).__name__})"
         )
-    check = fld.metadata.get("check")
     if isinstance(value, float) and not math.isfinite(value):
-        rule = fld.metadata["rule"]
         raise ConfigError(
             f"Run-config key '{key}' must be a finite number{f' {rule}' if rule else ''}, "
-            f"got {value!r}: give a number such as {fld.default!r} (its default)")
+            f"got {value!r}: give a number such as {default!r} (its default)")
     if check is not None and not check(value):
-        fix = fld.metadata.get("fix")
         raise ConfigError(
-            f"Run-config key '{key}' must be {fld.metadata['rule']}, got {value!r}"
+            f"Run-config key '{key}' must be {rule}, got {value!r}"
             + (f"; {fix}" if fix else "")
         )
     return value

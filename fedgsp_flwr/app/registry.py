@@ -32,7 +32,16 @@ from ..strategies import (
     SemiFL,
     StoCFL,
 )
+from ..strategies.cfl import PARAMS as CFL_PARAMS
+from ..strategies.ditto import PARAMS as DITTO_PARAMS
+from ..strategies.fesem import PARAMS as FESEM_PARAMS
+from ..strategies.hierfl import PARAMS as HIERFL_PARAMS
+from ..strategies.ida import PARAMS as IDA_PARAMS
+from ..strategies.ifca import PARAMS as IFCA_PARAMS
 from ..strategies.semifl import CLUSTER_SOURCES, load_cluster_assignment
+from ..strategies.semifl import PARAMS as SEMIFL_PARAMS
+from ..strategies.stocfl import PARAMS as STOCFL_PARAMS
+from ..strategies.twostream import FEDFUSION_PARAMS, FEDMMD_PARAMS
 from .config import RunConfig
 
 
@@ -113,15 +122,8 @@ def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool, run: RunContext) 
 
 def _hierfl(cfg: RunConfig, run: RunContext) -> FedAvg:
     return HierFL(
-        policy=cfg.hierfl_policy,
-        num_edges=cfg.hierfl_edges,
-        reach_per_user=cfg.hierfl_reach,
-        reach_by=cfg.hierfl_reach_by,
+        **HIERFL_PARAMS.arguments(cfg.options),
         topology=load_topology(cfg.hierfl_topology) if cfg.hierfl_topology else None,
-        tau1=cfg.hierfl_tau1,
-        tau2=cfg.hierfl_tau2,
-        time_limit=cfg.hierfl_time_limit,
-        size_tolerance=cfg.hierfl_size_tolerance,
         **timeout_kwargs(cfg),
         seed=cfg.seed,
         **common_kwargs(cfg),
@@ -130,14 +132,8 @@ def _hierfl(cfg: RunConfig, run: RunContext) -> FedAvg:
 
 def _stocfl(cfg: RunConfig, run: RunContext) -> FedAvg:
     return StoCFL(
-        tau=cfg.stocfl_tau,
-        lambda_=cfg.stocfl_lambda,
-        sketch=cfg.stocfl_sketch,
-        sketch_dim=cfg.stocfl_sketch_dim,
-        sketch_epochs=cfg.stocfl_sketch_epochs,
+        **STOCFL_PARAMS.arguments(cfg.options),
         sketch_seed=cfg.seed,
-        merge_model=cfg.stocfl_merge_model,
-        holdout_fraction=cfg.stocfl_holdout_fraction,
         ground_truth=run.ground_truth,
         **timeout_kwargs(cfg),
         seed=cfg.seed,
@@ -152,10 +148,7 @@ def _names(text: str) -> list[str] | None:
 
 def _fesem(cfg: RunConfig, run: RunContext) -> FedAvg:
     return FeSEM(
-        k=cfg.fesem_k,
-        init=cfg.fesem_init,
-        new_clients=cfg.fesem_new_clients,
-        weighted=cfg.fesem_weighted,
+        **FESEM_PARAMS.arguments(cfg.options),
         layers=_names(cfg.fesem_layers),
         centre_factory=run.centre_factory,
         ground_truth=run.ground_truth,
@@ -167,11 +160,9 @@ def _fesem(cfg: RunConfig, run: RunContext) -> FedAvg:
 
 def _ifca(cfg: RunConfig, run: RunContext) -> FedAvg:
     return IFCA(
-        k=cfg.ifca_k,
-        init=cfg.ifca_init,
+        **IFCA_PARAMS.arguments(cfg.options),
         model_factory=run.centre_factory,
         head_layers=_names(cfg.ifca_head_layers),
-        warmup_rounds=cfg.ifca_warmup_rounds,
         loss_key=cfg.ifca_loss_key or None,
         ground_truth=run.ground_truth,
         **timeout_kwargs(cfg),
@@ -182,12 +173,7 @@ def _ifca(cfg: RunConfig, run: RunContext) -> FedAvg:
 
 def _cfl(cfg: RunConfig, run: RunContext) -> FedAvg:
     return CFL(
-        eps1=cfg.cfl_eps1,
-        eps2=cfg.cfl_eps2,
-        min_split_size=cfg.cfl_min_split_size,
-        warmup_rounds=cfg.cfl_warmup_rounds,
-        linkage=cfg.cfl_linkage,
-        split_quorum=cfg.cfl_split_quorum,
+        **CFL_PARAMS.arguments(cfg.options),
         ground_truth=run.ground_truth,
         **timeout_kwargs(cfg),
         seed=cfg.seed,
@@ -197,9 +183,7 @@ def _cfl(cfg: RunConfig, run: RunContext) -> FedAvg:
 
 def _ditto(cfg: RunConfig, run: RunContext) -> FedAvg:
     return Ditto(
-        lambda_=cfg.ditto_lambda,
-        personal_epochs=cfg.ditto_personal_epochs,
-        personal_steps=cfg.ditto_personal_steps,
+        **DITTO_PARAMS.arguments(cfg.options),
         train_timeout=cfg.train_timeout,
         **common_kwargs(cfg),
     )
@@ -213,10 +197,7 @@ def _semifl(cfg: RunConfig, run: RunContext) -> FedAvg:
     return SemiFL(
         clusters="file" if is_file else rule,
         assignment=load_cluster_assignment(rule) if is_file else None,
-        cluster_size=cfg.semifl_cluster_size,
-        offset=cfg.semifl_offset,
-        shuffle_order=cfg.semifl_shuffle,
-        weighted_average=cfg.semifl_weighted,
+        **SEMIFL_PARAMS.arguments(cfg.options),
         **relay_kwargs(cfg),
         **kwargs,
     )
@@ -240,12 +221,11 @@ STRATEGIES: dict[str, Callable[[RunConfig, RunContext], FedAvg]] = {
                                         **common_kwargs(cfg)),
     "fedyogi": lambda cfg, run: FedYogi(**fedopt_kwargs(cfg, moments=True),
                                         **common_kwargs(cfg)),
-    "ida": lambda cfg, run: IDA(weighting=cfg.ida_weighting, **common_kwargs(cfg)),
-    "fedmmd": lambda cfg, run: FedMMD(mmd_weight=cfg.fedmmd_weight,
+    "ida": lambda cfg, run: IDA(**IDA_PARAMS.arguments(cfg.options), **common_kwargs(cfg)),
+    "fedmmd": lambda cfg, run: FedMMD(**FEDMMD_PARAMS.arguments(cfg.options),
                                       train_timeout=cfg.train_timeout, **common_kwargs(cfg)),
-    "fedfusion": lambda cfg, run: FedFusion(operator=cfg.fedfusion_operator, seed=cfg.seed,
-                                            gamma_momentum=cfg.fedfusion_gamma_momentum,
-                                            train_timeout=cfg.train_timeout,
+    "fedfusion": lambda cfg, run: FedFusion(**FEDFUSION_PARAMS.arguments(cfg.options),
+                                            seed=cfg.seed, train_timeout=cfg.train_timeout,
                                             **common_kwargs(cfg)),
 }
 

@@ -32,9 +32,10 @@ from ..core.clustering import agreement_scores
 from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
 from .exchange import collect_reply_list, screen
-from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
+from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
+from .params import Param, Spec, non_negative, positive
 from .replies import reply_problem
 from .rounds import TrainResult
 from .state import (
@@ -84,6 +85,26 @@ class SplitNode:
     alpha_cross: float
     gamma: float
     sizes: tuple[int, int]
+
+
+PARAMS = Spec("CFL", (
+    Param("eps1", 0.4, "split a cluster only while the norm of its weighted mean update "
+          "is below this (the authors' notebook: 0.4; depends on model, lr and epochs)",
+          positive, "> 0", key="cfl-eps1"),
+    Param("eps2", 1.6, "... and while its largest client update norm is above this (the "
+          "authors' notebook: 1.6)", non_negative, ">= 0", key="cfl-eps2"),
+    Param("min_split_size", 3, "fewest client updates a split is tested on (the "
+          "authors' code: > 2)", lambda v: v >= 2, ">= 2", key="cfl-min-split-size"),
+    Param("warmup_rounds", 20, "no split in rounds 1..this (the authors' code: 20)",
+          non_negative, ">= 0", key="cfl-warmup-rounds"),
+    Param("linkage", "complete", "bipartition: complete (the authors' code) | optimal "
+          "(the paper's: minimise the largest cross-part similarity; single linkage)",
+          choices=LINKAGES, key="cfl-linkage"),
+    Param("split_quorum", 1.0, "share of a cluster's reachable members whose sound "
+          "replies a split test needs (1 = all, the paper's full participation)",
+          lambda v: 0 < v <= 1, "in (0, 1]", key="cfl-split-quorum"),
+    Param("seed", 0, "seed of node sampling (the app: its seed)", non_negative, ">= 0"),
+))
 
 
 class CFL(ServerSideRound):
@@ -177,17 +198,9 @@ class CFL(ServerSideRound):
         **kwargs: Any,
     ) -> None:
         super().__init__(query_timeout=query_timeout, **kwargs)
-        check_parameters("CFL", [
-            (_number(eps1) and eps1 > 0, f"eps1 must be a number > 0, got {eps1!r}"),
-            (_number(eps2) and eps2 >= 0, f"eps2 must be a number >= 0, got {eps2!r}"),
-            (type(min_split_size) is int and min_split_size >= 2,
-             f"min_split_size must be an integer >= 2, got {min_split_size!r}"),
-            (type(warmup_rounds) is int and warmup_rounds >= 0,
-             f"warmup_rounds must be an integer >= 0, got {warmup_rounds!r}"),
-            (linkage in LINKAGES, f"linkage must be one of {LINKAGES}, got {linkage!r}"),
-            (_number(split_quorum) and 0 < split_quorum <= 1,
-             f"split_quorum must be in (0, 1], got {split_quorum!r}"),
-        ])
+        PARAMS.check(eps1=eps1, eps2=eps2, min_split_size=min_split_size,
+                     warmup_rounds=warmup_rounds, linkage=linkage, split_quorum=split_quorum,
+                     seed=seed)
         self.rule = SplitRule(float(eps1), float(eps2), min_split_size, warmup_rounds)
         self.linkage, self.split_quorum = linkage, float(split_quorum)
         self.ground_truth = dict(ground_truth or {})
@@ -536,11 +549,6 @@ class CFL(ServerSideRound):
                                 for k, v in model.items()})
             files["cfl-clusters.npz"] = buffer.getvalue()
         return files
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
-        value)
 
 
 def _copy(arrays: Mapping[str, np.ndarray]) -> Model:

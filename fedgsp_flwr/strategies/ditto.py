@@ -3,7 +3,6 @@ ICML 2021)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
@@ -23,6 +22,7 @@ from ..protocol import (
 from .fedavg import check_parameters
 from .hooked import HookedTrain
 from .metrics import reply_metrics
+from .params import Param, Spec, non_negative
 
 FALLBACKS = {
     TRAIN_DITTO: "plain 'train' and 'evaluate' messages: Ditto reduces to FedAvg (no "
@@ -31,6 +31,17 @@ FALLBACKS = {
     EVALUATE_DITTO: "plain 'evaluate' messages of the global model: the personal models "
                    "train but are not scored ('eval-personal-clients' is 0)",
 }
+
+PARAMS = Spec("Ditto", (
+    Param("lambda_", 1.0, "weight of the personal models' pull to the global model (0 = "
+          "local training; the authors' run scripts: 1; keep lr * lambda <= 1)",
+          non_negative, ">= 0", key="ditto-lambda"),
+    Param("personal_epochs", 0, "local epochs of the personal model (0 = as the global "
+          "model's: the authors' code)", non_negative, ">= 0", key="ditto-personal-epochs"),
+    Param("personal_steps", 0, "mini-batch steps of the personal model instead of epochs "
+          "(0 = not by steps; set at most one of the two)", non_negative, ">= 0",
+          key="ditto-personal-steps"),
+))
 
 
 class Ditto(HookedTrain):
@@ -97,17 +108,10 @@ class Ditto(HookedTrain):
         super().__init__(owner="Ditto", train_type=TRAIN_DITTO, fallbacks=FALLBACKS,
                          hooked_metric="personal-clients", evaluate_type=EVALUATE_DITTO,
                          **kwargs)
-        check_parameters("Ditto", [
-            (not isinstance(lambda_, bool) and isinstance(lambda_, (int, float))
-             and math.isfinite(lambda_) and lambda_ >= 0,
-             f"lambda_ must be a finite number >= 0, got {lambda_!r}"),
-            (type(personal_epochs) is int and personal_epochs >= 0,
-             f"personal_epochs must be an integer >= 0, got {personal_epochs!r}"),
-            (type(personal_steps) is int and personal_steps >= 0,
-             f"personal_steps must be an integer >= 0, got {personal_steps!r}"),
-            (not (personal_epochs and personal_steps),
-             "set at most one of personal_epochs and personal_steps"),
-        ])
+        PARAMS.check(lambda_=lambda_, personal_epochs=personal_epochs,
+                     personal_steps=personal_steps)
+        check_parameters("Ditto", [(not (personal_epochs and personal_steps),
+                                    "set at most one of personal_epochs and personal_steps")])
         self.lambda_ = float(lambda_)
         self.personal_epochs, self.personal_steps = personal_epochs, personal_steps
         self._personal_scored = 0

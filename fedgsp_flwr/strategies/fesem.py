@@ -23,6 +23,7 @@ from .exchange import collect_reply_list, screen
 from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
+from .params import Param, Spec, non_negative, positive
 from .replies import reply_problem
 from .rounds import TrainResult
 from .state import (
@@ -39,6 +40,17 @@ from .state import (
 )
 
 NEW_CLIENTS = ("probe", "initial")
+PARAMS = Spec("FeSEM", (
+    Param("k", 4, "number of centres K", positive, "> 0", key="fesem-k"),
+    Param("init", "kmeans++", "centre initialisation", choices=INITS, key="fesem-init"),
+    Param("new_clients", "initial", "first-seen nodes: initial (the paper: fit the "
+          "initial model, nearest centre) | probe (ours: fine-tune every centre, keep the "
+          "least moved)", choices=NEW_CLIENTS, key="fesem-new-clients"),
+    Param("weighted", False, "the M-step averages by examples (false = plain mean, the "
+          "paper)", key="fesem-weighted"),
+    Param("seed", 0, "seed of node sampling and k-means++ (the app: its seed)",
+          non_negative, ">= 0"),
+))
 
 
 class FeSEM(ServerSideRound):
@@ -117,17 +129,11 @@ class FeSEM(ServerSideRound):
         **kwargs: Any,
     ) -> None:
         super().__init__(query_timeout=query_timeout, **kwargs)
-        checks = [
-            (isinstance(k, int) and k >= 1, f"k must be an integer >= 1, got {k!r}"),
-            (init in INITS, f"init must be one of {INITS}, got {init!r}"),
+        PARAMS.check(k=k, init=init, new_clients=new_clients, weighted=weighted, seed=seed)
+        check_parameters("FeSEM", [
             (layers is None or len(layers) > 0, "layers must be None or name arrays"),
-            (new_clients in NEW_CLIENTS,
-             f"new_clients must be one of {NEW_CLIENTS}, got {new_clients!r}"),
-            (isinstance(weighted, bool), f"weighted must be a bool, got {weighted!r}"),
             (init != "seeds" or centre_factory is not None,
-             "init='seeds' needs a centre_factory (centre k's initial model)"),
-        ]
-        check_parameters("FeSEM", checks)
+             "init='seeds' needs a centre_factory (centre k's initial model)")])
         self.k, self.init, self.centre_factory = k, init, centre_factory
         self.layers = list(layers) if layers is not None else None
         self.new_clients, self.weighted = new_clients, weighted

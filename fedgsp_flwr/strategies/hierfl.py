@@ -28,6 +28,7 @@ from .exchange import collect_replies
 from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .node_registry import NodeRegistry
+from .params import Param, Spec, non_negative, positive
 from .replies import filter_replies
 from .rounds import TrainResult
 from .state import (
@@ -38,6 +39,28 @@ from .state import (
     pairs,
     set_generator_state,
 )
+
+PARAMS = Spec("HierFL", (
+    Param("policy", "heuristic", "user-edge assignment policy (the paper: heuristic, "
+          "Algorithm 1)", choices=POLICIES, key="hierfl-policy"),
+    Param("num_edges", 10, "edges of a generated topology", positive, "> 0",
+          key="hierfl-edges"),
+    Param("reach_per_user", 2, "edges in range of each user of a generated topology (r)",
+          positive, "> 0", key="hierfl-reach"),
+    Param("reach_by", "group", "generated topology: a group of users of one class on one "
+          "edge shares its extra edges (group, the paper) or each user draws its own "
+          "(user)", choices=REACH_BY, key="hierfl-reach-by"),
+    Param("tau1", 1, "local SGD steps per user per edge round", positive, "> 0",
+          key="hierfl-tau1"),
+    Param("tau2", 2, "edge rounds per cloud round", positive, "> 0", key="hierfl-tau2"),
+    Param("time_limit", 10.0, "CP-SAT time limit in seconds (optimal, equal-size)",
+          positive, "> 0", key="hierfl-time-limit"),
+    Param("size_tolerance", 0.05, "equal-size: each edge's examples within this fraction "
+          "of n/E (the paper's constraint (29))", non_negative, ">= 0",
+          key="hierfl-size-tolerance"),
+    Param("seed", 0, "seed of node sampling and generated topologies (the app: its seed)",
+          non_negative, ">= 0"),
+))
 
 
 class HierFL(ServerSideRound):
@@ -111,18 +134,13 @@ class HierFL(ServerSideRound):
         **kwargs: Any,
     ) -> None:
         super().__init__(query_timeout=query_timeout, **kwargs)
-        checks = [
-            (policy in POLICIES, f"policy must be one of {POLICIES}"),
-            (num_edges >= 1, "num_edges must be >= 1"),
-            (1 <= reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
-            (reach_by in REACH_BY, f"reach_by must be one of {REACH_BY}, got {reach_by!r}"),
-            (tau1 >= 1 and tau2 >= 1, "tau1 and tau2 must be >= 1"),
-            (time_limit > 0, f"time_limit must be > 0, got {time_limit}"),
-            (size_tolerance >= 0, "size_tolerance must be >= 0"),
+        PARAMS.check(policy=policy, num_edges=num_edges, reach_per_user=reach_per_user,
+                     reach_by=reach_by, tau1=tau1, tau2=tau2, time_limit=time_limit,
+                     size_tolerance=size_tolerance, seed=seed)
+        check_parameters("HierFL", [
+            (reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
             (policy != "original" or topology is None or topology.original is not None,
-             "policy 'original' needs a topology with an original assignment"),
-        ]
-        check_parameters("HierFL", checks)
+             "policy 'original' needs a topology with an original assignment")])
         self.policy, self.num_edges, self.reach_per_user = policy, num_edges, reach_per_user
         self.reach_by = reach_by
         self.topology = topology

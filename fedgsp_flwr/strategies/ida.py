@@ -14,10 +14,16 @@ from flwr.common.logger import log
 from ..core.arrays import as_dtype
 from ..core.ida import inverse_distance_weights
 from .decoding import values as array_values
-from .fedavg import FedAvg, check_parameters
+from .fedavg import FedAvg
 from .metrics import reply_metrics
+from .params import Param, Spec
 
 WEIGHTINGS = ("inverse-distance", "inverse-distance-examples")
+PARAMS = Spec("IDA", (
+    Param("weighting", "inverse-distance", "server weights: inverse-distance (the "
+          "paper's IDA) | inverse-distance-examples (combined with FedAvg's example "
+          "counts)", choices=WEIGHTINGS, key="ida-weighting"),
+))
 
 
 class IDA(FedAvg):
@@ -43,9 +49,7 @@ class IDA(FedAvg):
 
     def __init__(self, *, weighting: str = "inverse-distance", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_parameters("IDA", [(weighting in WEIGHTINGS,
-                                  (f"weighting must be one of {', '.join(WEIGHTINGS)}, got "
-                                  f"{weighting!r}"))])
+        PARAMS.check(weighting=weighting)
         self.weighting = weighting
 
     def summary(self) -> None:

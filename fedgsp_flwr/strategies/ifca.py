@@ -46,6 +46,7 @@ from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, ch
 from .hook_support import HookSupport, missing_handler
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
+from .params import Param, Spec, non_negative, positive
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
 from .state import (
@@ -64,6 +65,18 @@ from .state import (
 FALLBACK = ("each node scores the k models with k plain 'evaluate' messages (on its "
             "evaluation data, not its training data) and trains the one with the lowest "
             "loss with a plain 'train' message")
+
+PARAMS = Spec("IFCA", (
+    Param("k", 4, "number of cluster models k", positive, "> 0", key="ifca-k"),
+    Param("init", "redraw", "model initialisation: redraw (model 0 = the run's model, the "
+          "others redrawn per array with its mean and std) | seeds (model 0 the run's, "
+          "model j with a seed drawn from seed and j)", choices=INITS, key="ifca-init"),
+    Param("warmup_rounds", 0, "rounds before the first choice in which each node trains "
+          "the model of a random group (the authors' FEMNIST warm-up)", non_negative,
+          ">= 0", key="ifca-warmup-rounds"),
+    Param("seed", 0, "seed of node sampling and the warm-up groups (the app: its seed)",
+          non_negative, ">= 0"),
+))
 
 
 @dataclass
@@ -196,16 +209,13 @@ class IFCA(ServerSideRound):
         **kwargs: Any,
     ) -> None:
         super().__init__(query_timeout=query_timeout, **kwargs)
+        PARAMS.check(k=k, init=init, warmup_rounds=warmup_rounds, seed=seed)
         check_parameters("IFCA", [
-            (type(k) is int and k >= 1, f"k must be an integer >= 1, got {k!r}"),
-            (init in INITS, f"init must be one of {INITS}, got {init!r}"),
             (init != "seeds" or model_factory is not None,
              "init='seeds' needs a model_factory (model j's initial weights)"),
             (head_layers is None or (not isinstance(head_layers, str) and len(head_layers) > 0
                                      and all(isinstance(h, str) and h for h in head_layers)),
              f"head_layers must be None or a list of array names, got {head_layers!r}"),
-            (type(warmup_rounds) is int and warmup_rounds >= 0,
-             f"warmup_rounds must be an integer >= 0, got {warmup_rounds!r}"),
             (loss_key is None or (isinstance(loss_key, str) and loss_key != ""),
              f"loss_key must be None or a metric name, got {loss_key!r}"),
         ])

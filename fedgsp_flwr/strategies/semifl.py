@@ -23,10 +23,22 @@ from ..core.cluster_rules import (
 )
 from ..protocol import CLUSTER_ID, PARTITION_ID
 from .fedavg import GroupModel, check_parameters
+from .params import Param, Spec, non_negative, positive
 from .sequential import RelayStrategy
 from .state import NodeMap, StrategyState
 
 CLUSTER_SOURCES = (*CLUSTER_RULES, "node-config", "file")
+PARAMS = Spec("SemiFL", (
+    Param("cluster_size", 10, "clients per cluster of the rules", positive, "> 0",
+          key="semifl-cluster-size"),
+    Param("offset", 0, "label-homogeneous: rotate the class-sorted clients by this many "
+          "before cutting (half a cluster = the paper's c2)", non_negative, ">= 0",
+          key="semifl-offset"),
+    Param("shuffle_order", False, "shuffle each cluster's order every round (false = one "
+          "fixed order)", key="semifl-shuffle"),
+    Param("weighted_average", False, "average cluster models by examples (false = "
+          "uniform, the paper)", key="semifl-weighted"),
+))
 
 
 def load_cluster_assignment(path: str | Path) -> dict[int, int]:
@@ -128,15 +140,14 @@ class SemiFL(RelayStrategy):
         checks = [
             (clusters in CLUSTER_SOURCES,
              f"clusters must be one of {CLUSTER_SOURCES}, got {clusters!r}"),
-            (isinstance(cluster_size, int) and cluster_size >= 1,
-             "cluster_size must be an integer >= 1"),
-            (isinstance(offset, int) and offset >= 0, "offset must be an integer >= 0"),
             ((clusters == "file") == (assignment is not None),
              "clusters='file' needs an assignment, and only it takes one"),
             (assignment is None or all(c >= 0 for c in assignment.values()),
              "assignment cluster ids must be >= 0"),
         ]
         check_parameters("SemiFL", checks)
+        PARAMS.check(cluster_size=cluster_size, offset=offset, shuffle_order=shuffle_order,
+                     weighted_average=weighted_average)
         self.source, self.cluster_size, self.offset = clusters, cluster_size, offset
         self.assignment = dict(assignment or {})
         self.shuffle_order = shuffle_order

@@ -51,12 +51,12 @@ from .fedavg import (
     ServerSideRound,
     array_bytes,
     average_arrays,
-    check_parameters,
 )
 from .hook_support import HookSupport
 from .metrics import renamed, reply_metrics
 from .node_queries import agreed_vectors, query_partitions, reply_vector, vector_problem
 from .node_registry import node_label
+from .params import Param, Spec, non_negative
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
 from .state import (
@@ -82,6 +82,28 @@ FALLBACKS = {
              "lambda = 0, plain clustered FL)",
 }
 
+
+PARAMS = Spec("StoCFL", (
+    Param("tau", 0.5, "merge threshold on cluster cosine similarity",
+          lambda v: -1 <= v <= 1, "in [-1, 1]", key="stocfl-tau"),
+    Param("lambda_", 0.05, "weight of the cluster models' pull to the global model",
+          non_negative, ">= 0", key="stocfl-lambda"),
+    Param("sketch", "gradient", "client sketch", choices=SKETCH_MODES,
+          key="stocfl-sketch"),
+    Param("sketch_dim", 0, "sketch projected on the client to this many numbers (0 = "
+          "model size)", non_negative, ">= 0", key="stocfl-sketch-dim"),
+    Param("sketch_epochs", 1, "local epochs of the update sketch", lambda v: v >= 1,
+          ">= 1", key="stocfl-sketch-epochs"),
+    Param("sketch_seed", 0, "seed of the sketch projection (the app: its seed)",
+          non_negative, ">= 0"),
+    Param("merge_model", "larger", "model of a merged cluster", choices=MERGE_MODELS,
+          key="stocfl-merge-model"),
+    Param("holdout_fraction", 0.0, "fraction of nodes never trained, scored by "
+          "read-only inference", lambda v: 0 <= v < 1, "in [0, 1)",
+          key="stocfl-holdout-fraction"),
+    Param("seed", 0, "seed of node sampling and the hold-out draw (the app: its seed)",
+          non_negative, ">= 0"),
+))
 
 # State-dict entries of a torch model that are buffers, not parameters (no gradient).
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -201,17 +223,9 @@ class StoCFL(ServerSideRound):
         **kwargs: Any,
     ) -> None:
         super().__init__(query_timeout=query_timeout, **kwargs)
-        checks = [
-            (-1.0 <= tau <= 1.0, f"tau must be in [-1, 1], got {tau}"),
-            (lambda_ >= 0, f"lambda_ must be >= 0, got {lambda_}"),
-            (sketch in SKETCH_MODES, f"sketch must be one of {SKETCH_MODES}, got {sketch!r}"),
-            (sketch_dim >= 0 and sketch_epochs >= 1 and sketch_seed >= 0,
-             "sketch_dim and sketch_seed must be >= 0, sketch_epochs >= 1"),
-            (merge_model in MERGE_MODELS,
-             f"merge_model must be one of {MERGE_MODELS}, got {merge_model!r}"),
-            (0.0 <= holdout_fraction < 1.0, "holdout_fraction must be in [0, 1)"),
-        ]
-        check_parameters("StoCFL", checks)
+        PARAMS.check(tau=tau, lambda_=lambda_, sketch=sketch, sketch_dim=sketch_dim,
+                     sketch_epochs=sketch_epochs, sketch_seed=sketch_seed,
+                     merge_model=merge_model, holdout_fraction=holdout_fraction, seed=seed)
         self.tau, self.lambda_ = tau, lambda_
         self.sketch_config = ConfigRecord({
             SKETCH_MODE: sketch, SKETCH_DIM: sketch_dim,

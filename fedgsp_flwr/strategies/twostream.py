@@ -4,7 +4,6 @@ clients' step; both need our client handler and fall back to FedAvg without it."
 
 from __future__ import annotations
 
-import math
 from logging import INFO
 from typing import Any
 
@@ -15,14 +14,29 @@ from ..core import fedmmd, fusion
 from ..core.fusion import init_fusion, split_fusion
 from ..protocol import ARRAYS, EVALUATE_FEDFUSION, MMD_WEIGHT, TRAIN_FEDFUSION, TRAIN_FEDMMD
 from .decoding import values
-from .fedavg import check_parameters
 from .hooked import HookedTrain, retyped
+from .params import Param, Spec, non_negative
 
 
 def without_fusion(arrays: ArrayRecord) -> ArrayRecord:
     """``arrays`` without the fusion module's (the same record if it has none)."""
     base, fused = split_fusion(list(arrays.keys()))
     return ArrayRecord({k: arrays[k] for k in base}) if fused else arrays
+
+FEDMMD_PARAMS = Spec("FedMMD", (
+    Param("mmd_weight", fedmmd.DEFAULT_WEIGHT, "weight of the MMD between the trained and "
+          "the global model's outputs (the authors' code: 0.1)", non_negative, ">= 0",
+          key="fedmmd-weight"),
+))
+FEDFUSION_PARAMS = Spec("FedFusion", (
+    Param("operator", "conv", "fusion operator: conv (1x1 convolution of both feature "
+          "maps) | multi (a weight per channel) | single (one weight)",
+          choices=fusion.OPERATORS, key="fedfusion-operator"),
+    Param("seed", 0, "seed of the fusion module's initialisation (the app: its seed)"),
+    Param("gamma_momentum", fusion.SHADOW_MOMENTUM, "multi/single: server momentum of "
+          "gamma (the authors' shadow update; 0 = FedAvg's mean)", lambda v: 0 <= v < 1,
+          "in [0, 1)", key="fedfusion-gamma-momentum"),
+))
 
 
 class FedMMD(HookedTrain):
@@ -49,10 +63,7 @@ class FedMMD(HookedTrain):
             owner="FedMMD", train_type=TRAIN_FEDMMD, hooked_metric="mmd-clients",
             fallbacks={TRAIN_FEDMMD: "plain 'train' messages: FedMMD reduces to "
                        "FedAvg ('mmd-clients' is 0)"}, **kwargs)
-        check_parameters("FedMMD", [
-            (not isinstance(mmd_weight, bool) and isinstance(mmd_weight, (int, float))
-             and math.isfinite(mmd_weight) and mmd_weight >= 0,
-             f"mmd_weight must be a finite number >= 0, got {mmd_weight!r}")])
+        FEDMMD_PARAMS.check(mmd_weight=mmd_weight)
         self.mmd_weight = float(mmd_weight)
 
     def summary(self) -> None:
@@ -113,13 +124,7 @@ class FedFusion(HookedTrain):
                        EVALUATE_FEDFUSION: "plain 'evaluate' messages of the model "
                        "without the fusion module: the nodes score the base model, not "
                        "the fused one"}, **kwargs)
-        check_parameters("FedFusion", [
-            (operator in fusion.OPERATORS,
-             f"operator must be one of {', '.join(fusion.OPERATORS)}, got {operator!r}"),
-            (type(seed) is int, f"seed must be an integer, got {seed!r}"),
-            (not isinstance(gamma_momentum, bool) and isinstance(gamma_momentum, (int, float))
-             and 0.0 <= gamma_momentum < 1.0,
-             f"gamma_momentum must be a number in [0, 1), got {gamma_momentum!r}")])
+        FEDFUSION_PARAMS.check(operator=operator, seed=seed, gamma_momentum=gamma_momentum)
         self.operator, self.seed = operator, seed
         self.gamma_momentum = float(gamma_momentum)
 

@@ -16,7 +16,13 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 def test_pyproject_declares_every_key_with_the_same_default() -> None:
     declared = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
-    assert declared == RunConfig.defaults()
+    defaults = RunConfig.defaults()
+    assert not (missing := sorted(set(defaults) - set(declared))), (
+        "pyproject.toml's [tool.flwr.app.config] lacks " + ", ".join(
+            f"{key} = {defaults[key]!r}" for key in missing))
+    assert not (extra := sorted(set(declared) - set(defaults))), (
+        f"pyproject.toml declares keys no RunConfig field or strategy spec has: {extra}")
+    assert declared == defaults
 
 
 def test_defaults_round_trip() -> None:

@@ -3,21 +3,20 @@ finite one is meant, a ``run-name`` that is a path out of ``results-dir``."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 
-from fedgsp_flwr.app.config import ConfigError, RunConfig, run_name_problem, to_key
+from fedgsp_flwr.app.config import ConfigError, RunConfig, run_name_problem
 from fedgsp_flwr.app.server_app import results_folder
 
-FLOAT_KEYS = [to_key(f.name) for f in dataclasses.fields(RunConfig) if f.type == "float"]
+FLOAT_KEYS = [key for key, kind in RunConfig.types().items() if kind == "float"]
 
 
 def test_every_float_key_is_covered() -> None:
     assert {"lr", "query-timeout", "train-timeout", "node-wait-timeout",
-            "fraction-train", "fedopt-eta"} <= set(FLOAT_KEYS)
+            "fraction-train", "fedopt-eta", "stocfl-tau"} <= set(FLOAT_KEYS)
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])

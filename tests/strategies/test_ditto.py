@@ -299,11 +299,11 @@ def test_defaults_and_bad_parameters() -> None:
     assert {k: v for k, v in meta.items() if k not in ("hooks", "plain", "plain-eval")
             } == FedAvg().checkpoint_state().meta
     for kwargs, fragment in [
-            ({"lambda_": -0.1}, "lambda_ must be a finite number >= 0"),
+            ({"lambda_": -0.1}, "lambda_ must be >= 0, got -0.1"),
             ({"lambda_": math.inf}, "lambda_ must be a finite number >= 0"),
-            ({"lambda_": True}, "lambda_ must be a finite number >= 0"),
-            ({"personal_epochs": -1}, "personal_epochs must be an integer >= 0"),
-            ({"personal_steps": 1.5}, "personal_steps must be an integer >= 0"),
+            ({"lambda_": True}, "lambda_ must be of type float, got True"),
+            ({"personal_epochs": -1}, "personal_epochs must be >= 0"),
+            ({"personal_steps": 1.5}, "personal_steps must be of type int"),
             ({"personal_epochs": 1, "personal_steps": 2}, "set at most one"),
             ({"train_timeout": 0}, "train_timeout must be > 0")]:
         with pytest.raises(ValueError, match=f"Ditto: {fragment}"):

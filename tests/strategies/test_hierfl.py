@@ -106,7 +106,7 @@ def test_bad_parameters_are_refused() -> None:
         HierFL(policy="best")
     with pytest.raises(ValueError, match="reach_per_user"):
         HierFL(num_edges=2, reach_per_user=3)
-    with pytest.raises(ValueError, match="tau1 and tau2"):
+    with pytest.raises(ValueError, match="HierFL: tau2 must be > 0"):
         HierFL(tau2=0)
 
 

@@ -395,8 +395,8 @@ def test_defaults_and_bad_parameters() -> None:
     assert (strategy.k, strategy.init, strategy.head_layers, strategy.warmup_rounds,
             strategy.loss_key) == (4, "redraw", None, 0, None)
     for kwargs, fragment in [
-            ({"k": 0}, "k must be an integer >= 1"),
-            ({"k": 2.0}, "k must be an integer >= 1"),
+            ({"k": 0}, "k must be > 0, got 0"),
+            ({"k": 2.0}, "k must be of type int, got 2.0"),
             ({"init": "random"}, "init must be one of"),
             ({"init": "seeds"}, "init='seeds' needs a model_factory"),
             ({"head_layers": "fc"}, "head_layers must be None or a list"),

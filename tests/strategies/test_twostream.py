@@ -304,10 +304,11 @@ def test_gamma_moves_by_the_authors_shadow_update_and_the_rest_is_fedavg(
 def test_bad_parameters_are_refused() -> None:
     with pytest.raises(ValueError, match="operator must be one of"):
         FedFusion(operator="sum")
-    for momentum in (1.0, -0.1, True):
-        with pytest.raises(ValueError, match="gamma_momentum must be a number in"):
+    for momentum, fragment in ((1.0, r"in \[0, 1\)"), (-0.1, r"in \[0, 1\)"),
+                               (True, "of type float")):
+        with pytest.raises(ValueError, match=f"FedFusion: gamma_momentum must be {fragment}"):
             FedFusion(operator="multi", gamma_momentum=momentum)
-    with pytest.raises(ValueError, match="mmd_weight must be a finite number"):
+    with pytest.raises(ValueError, match="FedMMD: mmd_weight must be >= 0, got -1.0"):
         FedMMD(mmd_weight=-1.0)
     with pytest.raises(ValueError, match="mmd_weight"):
         FedMMD(mmd_weight=float("nan"))

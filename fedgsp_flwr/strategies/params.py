@@ -1,0 +1,145 @@
+"""A strategy's parameters, declared once beside it.
+
+A :class:`Spec` lists a strategy's own constructor parameters: each one's default,
+range (a check and the rule it states, or its choices), help text and, where the run
+config can set it, its run-config key. From that one declaration come the constructor's
+checks (:meth:`Spec.check`), the app's run-config keys with their types, defaults and
+ranges (:class:`~fedgsp_flwr.app.config.RunConfig`), the arguments the app's registry
+passes (:meth:`Spec.arguments`) and the docs' parameter tables. The constructor still
+lists its parameters explicitly, so that ``help()`` and an IDE show them; a test fails
+when its signature and its spec disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+BASIC_TYPES = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor parameter of a strategy.
+
+    Attributes
+    ----------
+    name : str
+        The constructor's keyword.
+    default : Any
+        Its default, the run config's too (a bool, int, float or str).
+    help : str
+        What it sets, in a line (the run config's help and the docs' table).
+    check : Callable[[Any], bool] | None
+        True for a value in range (``None``: any value of the default's type).
+    rule : str
+        The range ``check`` tests, as an error message states it (``"> 0"``).
+    choices : tuple[str, ...] | None
+        The values allowed (instead of ``check`` and ``rule``).
+    key : str | None
+        Its run-config key (``None``: the constructor's only).
+    """
+
+    name: str
+    default: Any
+    help: str
+    check: Callable[[Any], bool] | None = None
+    rule: str = ""
+    choices: tuple[str, ...] | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.default) not in BASIC_TYPES:
+            raise TypeError(f"parameter {self.name}: default {self.default!r} is not a "
+                            "bool, int, float or str")
+        if self.choices is not None and self.default not in self.choices:
+            raise ValueError(f"parameter {self.name}: default {self.default!r} is not "
+                             f"one of {self.choices}")
+
+    @property
+    def type(self) -> type:
+        """The parameter's type: its default's."""
+        return type(self.default)
+
+    @property
+    def range(self) -> str:
+        """The values allowed, in words (``""``: any of its type)."""
+        return "one of " + ", ".join(self.choices) if self.choices is not None else self.rule
+
+    def allows(self, value: Any) -> bool:
+        """Whether ``value`` is in range (its type checked apart)."""
+        return self.choices is not None and value in self.choices or (
+            self.choices is None and (self.check is None or bool(self.check(value))))
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not allowed (``None``: it is): of the wrong type (an int is
+        a float), not finite, or out of range."""
+        expected = self.type
+        if isinstance(value, bool) != (expected is bool) or not isinstance(
+                value, (int, float) if expected is float else expected):
+            return f"must be of type {expected.__name__}, got {value!r}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"must be a finite number{' ' + self.range if self.range else ''}, " \
+                   f"got {value!r}"
+        return None if self.allows(value) else f"must be {self.range}, got {value!r}"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The parameters a strategy declares itself (not those it inherits).
+
+    Attributes
+    ----------
+    owner : str
+        The strategy's name, which starts its error messages.
+    params : tuple[Param, ...]
+        Its parameters, in its signature's order.
+    """
+
+    owner: str
+    params: tuple[Param, ...]
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.owner}: a parameter is declared twice in {names}")
+
+    def check(self, **values: Any) -> None:
+        """Raise ``ValueError("<owner>: <name> <problem>")`` for the first value out of
+        range, in declaration order.
+
+        Raises
+        ------
+        ValueError
+            Naming the strategy, the parameter, its range and the value.
+        """
+        for param in self.params:
+            if param.name in values and (problem := param.problem(values[param.name])):
+                raise ValueError(f"{self.owner}: {param.name} {problem}")
+
+    def keyed(self) -> tuple[Param, ...]:
+        """The parameters the run config can set."""
+        return tuple(p for p in self.params if p.key is not None)
+
+    def arguments(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Constructor arguments from run-config values (by key; missing keys keep
+        their defaults)."""
+        return {p.name: options[p.key] for p in self.keyed()
+                if p.key is not None and p.key in options}
+
+    def defaults(self) -> dict[str, Any]:
+        """Each parameter's default, by name."""
+        return {p.name: p.default for p in self.params}
+
+
+def positive(value: float) -> bool:
+    """``> 0``."""
+    return value > 0
+
+
+def non_negative(value: float) -> bool:
+    """``>= 0``."""
+    return value >= 0
+

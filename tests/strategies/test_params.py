@@ -1,0 +1,91 @@
+"""Parameter specs: each agrees with its strategy's signature, checks what it declares,
+and is what the run config validates and the registry passes."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from fedgsp_flwr.app.config import SPECS, ConfigError, RunConfig
+from fedgsp_flwr.app.registry import build_strategy
+from fedgsp_flwr.strategies import (
+    CFL,
+    IDA,
+    IFCA,
+    Ditto,
+    FedFusion,
+    FedMMD,
+    FeSEM,
+    HierFL,
+    SemiFL,
+    StoCFL,
+    cfl,
+    ditto,
+    fesem,
+    hierfl,
+    ida,
+    ifca,
+    semifl,
+    stocfl,
+    twostream,
+)
+from fedgsp_flwr.strategies.params import Param, Spec
+
+SPECCED = {CFL: cfl.PARAMS, Ditto: ditto.PARAMS, HierFL: hierfl.PARAMS, IDA: ida.PARAMS,
+           StoCFL: stocfl.PARAMS, FedMMD: twostream.FEDMMD_PARAMS,
+           FedFusion: twostream.FEDFUSION_PARAMS, FeSEM: fesem.PARAMS, IFCA: ifca.PARAMS,
+           SemiFL: semifl.PARAMS}
+
+
+def test_the_app_reads_every_spec() -> None:
+    assert {id(spec) for spec in SPECCED.values()} == {id(spec) for spec in SPECS}
+    assert all(spec.owner == cls.__name__ for cls, spec in SPECCED.items())
+
+
+@pytest.mark.parametrize("cls", sorted(SPECCED, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_the_signature_declares_each_spec_parameter_with_its_default(cls: type) -> None:
+    spec = SPECCED[cls]
+    signature = inspect.signature(cls.__init__).parameters
+    for param in spec.params:
+        assert param.name in signature, f"{spec.owner}() lacks parameter {param.name}"
+        assert signature[param.name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert signature[param.name].default == param.default, (
+            f"{spec.owner}({param.name}=...): the signature's default "
+            f"{signature[param.name].default!r}, the spec's {param.default!r}")
+
+
+def test_the_constructor_refuses_what_its_spec_refuses() -> None:
+    with pytest.raises(ValueError, match=r"^StoCFL: tau must be in \[-1, 1\], got 2$"):
+        StoCFL(tau=2)
+    with pytest.raises(ValueError, match="StoCFL: sketch must be one of gradient, "):
+        StoCFL(sketch="nope")
+    with pytest.raises(ValueError, match="StoCFL: sketch_dim must be of type int, got 2.5"):
+        StoCFL(sketch_dim=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="StoCFL: lambda_ must be a finite number >= 0"):
+        StoCFL(lambda_=float("inf"))
+    StoCFL(tau=-1, lambda_=0)  # an int is a float
+
+
+def test_the_run_config_validates_spec_keys_and_the_registry_passes_them() -> None:
+    cfg = RunConfig.from_mapping({"strategy": "stocfl", "stocfl-tau": 0, "seed": 3})
+    assert cfg.options["stocfl-tau"] == 0.0 and isinstance(cfg.options["stocfl-tau"], float)
+    assert cfg.to_mapping()["stocfl-tau"] == 0.0
+    strategy = build_strategy(cfg)
+    assert isinstance(strategy, StoCFL) and strategy.tau == 0.0 and strategy.lambda_ == 0.05
+    with pytest.raises(ConfigError, match=r"'stocfl-tau' must be in \[-1, 1\], got 1.5"):
+        RunConfig.from_mapping({"stocfl-tau": 1.5})
+    with pytest.raises(ConfigError, match="'stocfl-sketch' must be one of gradient"):
+        RunConfig.from_mapping({"stocfl-sketch": "nope"})
+    with pytest.raises(ConfigError, match="did you mean 'stocfl-tau'"):
+        RunConfig.from_mapping({"stocfl-tua": 0.5})
+
+
+def test_a_spec_refuses_a_default_it_cannot_express() -> None:
+    with pytest.raises(TypeError, match="is not a bool, int, float or str"):
+        Param("layers", None, "arrays")
+    with pytest.raises(ValueError, match="not one of"):
+        Param("mode", "c", "a mode", choices=("a", "b"))
+    with pytest.raises(ValueError, match="declared twice"):
+        Spec("X", (Param("a", 1, "a"), Param("a", 2, "a")))
