@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clients.handlers import TrainSettings
-from ..core.grouping import GROWTH_FUNCTIONS, LEFTOVER_POLICIES
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
-from ..protocol import TRAIN
 from ..strategies.cfl import PARAMS as CFL_PARAMS
 from ..strategies.ditto import PARAMS as DITTO_PARAMS
-from ..strategies.exchange import MAX_POLL_INTERVAL
+from ..strategies.fedavg import FEDPROX_PARAMS
+from ..strategies.fedgsp import PARAMS as FEDGSP_PARAMS
 from ..strategies.fesem import PARAMS as FESEM_PARAMS
 from ..strategies.hierfl import PARAMS as HIERFL_PARAMS
 from ..strategies.ida import PARAMS as IDA_PARAMS
@@ -33,7 +32,7 @@ from ..strategies.ifca import PARAMS as IFCA_PARAMS
 from ..strategies.params import Param
 from ..strategies.semifl import CLUSTER_SOURCES
 from ..strategies.semifl import PARAMS as SEMIFL_PARAMS
-from ..strategies.sequential import relay_message_type_problem
+from ..strategies.sequential import PARAMS as RELAY_PARAMS
 from ..strategies.stocfl import PARAMS as STOCFL_PARAMS
 from ..strategies.twostream import FEDFUSION_PARAMS, FEDMMD_PARAMS
 
@@ -45,14 +44,15 @@ STRATEGY_NAMES = ("fedavg", "fedprox", "fedgsp", "naivegsp", "naivegsp-icg", "hi
 
 # The strategies whose run-config keys their own parameter spec declares
 # (fedgsp_flwr.strategies.params); the others' keys are RunConfig's fields below.
-SPECS = (IDA_PARAMS, FEDMMD_PARAMS, FEDFUSION_PARAMS, HIERFL_PARAMS, STOCFL_PARAMS,
+SPECS = (FEDPROX_PARAMS, FEDGSP_PARAMS, RELAY_PARAMS, IDA_PARAMS, FEDMMD_PARAMS, FEDFUSION_PARAMS, HIERFL_PARAMS, STOCFL_PARAMS,
          SEMIFL_PARAMS, FESEM_PARAMS, IFCA_PARAMS, CFL_PARAMS, DITTO_PARAMS)
 SPEC_KEYS: dict[str, Param] = {p.key: p for spec in SPECS for p in spec.keyed()
                                if p.key is not None}
+assert len(SPEC_KEYS) == sum(len(spec.keyed()) for spec in SPECS), "a key in two specs"
 
 
 def _spec_defaults() -> dict[str, Any]:
-    return {key: param.default for key, param in SPEC_KEYS.items()}
+    return {key: param.run_default for key, param in SPEC_KEYS.items()}
 
 
 class ConfigError(ValueError):
@@ -193,9 +193,6 @@ class RunConfig:
     )
     batch_size: int = _setting(TrainSettings.batch_size, "client mini-batch size", _positive,
                                "> 0")
-    fedprox_mu: float = _setting(
-        0.01, "FedProx proximal term weight", _non_negative, ">= 0"
-    )
     fedopt_eta: float = _setting(
         0.0, "FedAdagrad/FedAdam/FedYogi server learning rate (0 = Flower's default: 0.1, "
         "FedYogi 0.01)", _non_negative, ">= 0")
@@ -208,29 +205,9 @@ class RunConfig:
     fedopt_beta_2: float = _setting(
         0.99, "FedAdam/FedYogi second-moment decay (Flower's default)",
         lambda v: 0.0 <= v < 1.0, "in [0, 1)")
-    fedgsp_growth: str = _setting("log", "FedGSP growth function of the number of groups",
-                                  choices=GROWTH_FUNCTIONS)
-    fedgsp_growth_alpha: float = _setting(2.0, "FedGSP growth rate alpha", _positive, "> 0")
-    fedgsp_growth_beta: int = _setting(
-        1, "FedGSP initial number of groups beta (the paper: 10 for 368 clients)",
-        _positive, "> 0")
-    fedgsp_kappa: float = _setting(
-        0.3, "FedGSP fraction of groups sampled per round", _fraction, "in (0, 1]")
     fedgsp_num_groups: int = _setting(
         0, "fixed number of groups of naivegsp / naivegsp-icg (0 = fedgsp-growth-beta)",
         _non_negative, ">= 0")
-    fedgsp_icg_iterations: int = _setting(10, "ICG's maximum iterations (tau)", _positive, "> 0")
-    fedgsp_icg_leftover: str = _setting(
-        "drop", "ICG clients outside the equal-size clusters: drop (the paper: they sit the "
-        "round out) or distribute (ours: they join groups)", choices=LEFTOVER_POLICIES)
-    fedgsp_icg_normalize: bool = _setting(False, "ICG clusters label proportions, not counts")
-    fedgsp_icg_balance: bool = _setting(
-        False, "rearrange ICG's one-per-cluster draw to equalise group distributions "
-        "(ours; false = the paper's random draw)")
-    relay_message: str = _setting(
-        TRAIN, "message type of relay hops (train: any ClientApp's train handler; a "
-        "node without a train.<name> handler gets train)",
-        lambda v: relay_message_type_problem(v) is None, "'train' or 'train.<identifier>'")
     query_timeout: float = _setting(
         600.0, "seconds to wait for the replies to a query (partition id, histogram, sketch)",
         _positive, "> 0")
@@ -238,10 +215,6 @@ class RunConfig:
         0.0, "Laplace noise on the class histograms nodes report: privacy budget epsilon "
         "(0 = exact counts; a node's own histogram-epsilon node config wins)",
         lambda v: v >= 0, ">= 0")
-    relay_poll: float = _setting(
-        0.02, "seconds the relay waits after a poll that brought no hop reply, doubled "
-        f"with each further empty poll up to {MAX_POLL_INTERVAL:g} (or this value if "
-        "longer; 3.0 behaves as send_and_receive in deployment)", _positive, "> 0")
     hierfl_topology: str = _setting(
         "", "HierFL topology file, JSON or CSV, user i = partition id i ('' = generated)")
     semifl_clusters: str = _setting(
@@ -364,7 +337,7 @@ class RunConfig:
         for key, param in SPEC_KEYS.items():
             if key in values:
                 options[key] = _coerce(key, values[key], param.type.__name__,
-                                       param.default, param.allows, param.range)
+                                       param.run_default, param.allows, param.range)
         return cls(**kwargs, options=options)
 
     def to_mapping(self) -> dict[str, Any]:

@@ -34,12 +34,15 @@ from ..strategies import (
 )
 from ..strategies.cfl import PARAMS as CFL_PARAMS
 from ..strategies.ditto import PARAMS as DITTO_PARAMS
+from ..strategies.fedavg import FEDPROX_PARAMS
+from ..strategies.fedgsp import PARAMS as FEDGSP_PARAMS
 from ..strategies.fesem import PARAMS as FESEM_PARAMS
 from ..strategies.hierfl import PARAMS as HIERFL_PARAMS
 from ..strategies.ida import PARAMS as IDA_PARAMS
 from ..strategies.ifca import PARAMS as IFCA_PARAMS
 from ..strategies.semifl import CLUSTER_SOURCES, load_cluster_assignment
 from ..strategies.semifl import PARAMS as SEMIFL_PARAMS
+from ..strategies.sequential import PARAMS as RELAY_PARAMS
 from ..strategies.stocfl import PARAMS as STOCFL_PARAMS
 from ..strategies.twostream import FEDFUSION_PARAMS, FEDMMD_PARAMS
 from .config import RunConfig
@@ -97,24 +100,17 @@ def timeout_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 def relay_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """The relay strategies' settings (FedGSP and Semi-FL) from the run config."""
-    return {**timeout_kwargs(cfg), "poll_interval": cfg.relay_poll,
-            "relay_message_type": cfg.relay_message, "seed": cfg.seed}
+    return {**timeout_kwargs(cfg), **RELAY_PARAMS.arguments(cfg.options), "seed": cfg.seed}
 
 
 def _fedgsp(cfg: RunConfig, grouping: str, fixed_groups: bool, run: RunContext) -> FedAvg:
     kwargs = common_kwargs(cfg)
     del kwargs["fraction_train"]  # FedGSP samples groups with kappa instead
     return FedGSP(
-        growth=cfg.fedgsp_growth,
-        alpha=cfg.fedgsp_growth_alpha,
-        beta=cfg.fedgsp_growth_beta,
-        kappa=cfg.fedgsp_kappa,
+        **FEDGSP_PARAMS.arguments(cfg.options),
         grouping=grouping,
-        num_groups=(cfg.fedgsp_num_groups or cfg.fedgsp_growth_beta) if fixed_groups else None,
-        icg_iterations=cfg.fedgsp_icg_iterations,
-        icg_leftover=cfg.fedgsp_icg_leftover,
-        icg_normalize=cfg.fedgsp_icg_normalize,
-        icg_balance=cfg.fedgsp_icg_balance,
+        num_groups=(cfg.fedgsp_num_groups or cfg.options["fedgsp-growth-beta"])
+        if fixed_groups else None,
         **relay_kwargs(cfg),
         **kwargs,
     )
@@ -205,7 +201,8 @@ def _semifl(cfg: RunConfig, run: RunContext) -> FedAvg:
 
 STRATEGIES: dict[str, Callable[[RunConfig, RunContext], FedAvg]] = {
     "fedavg": lambda cfg, run: FedAvg(**common_kwargs(cfg)),
-    "fedprox": lambda cfg, run: FedProx(proximal_mu=cfg.fedprox_mu, **common_kwargs(cfg)),
+    "fedprox": lambda cfg, run: FedProx(**FEDPROX_PARAMS.arguments(cfg.options),
+                                        **common_kwargs(cfg)),
     "fedgsp": lambda cfg, run: _fedgsp(cfg, "icg", False, run),
     "naivegsp": lambda cfg, run: _fedgsp(cfg, "random", True, run),
     "naivegsp-icg": lambda cfg, run: _fedgsp(cfg, "icg", True, run),

@@ -31,6 +31,7 @@ from .decoding import values as array_values
 from .exchange import Exchange
 from .metrics import aggregate_metrics, reply_metrics
 from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
+from .params import Param, Spec, non_negative
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .rounds import EvaluateFn, TrainResult, own_rounds_error, run_rounds
@@ -507,6 +508,13 @@ class FedAvg(FlowerFedAvg):
         entry[f"{prefix or TRAIN}-rejected"] = len(rejected)
 
 
+FEDPROX_PARAMS = Spec("FedProx", (
+    Param("proximal_mu", 0.0, "proximal term weight (the constructor's 0.0, Flower's "
+          "default, is FedAvg; the app's 0.01 makes FedProx differ)", non_negative, ">= 0",
+          key="fedprox-mu", app_default=0.01),
+))
+
+
 class FedProx(FedAvg):
     """FedProx (Li et al., 2020): FedAvg whose clients add ``proximal_mu``/2
     ||w - w_global||^2 to their loss.
@@ -524,7 +532,7 @@ class FedProx(FedAvg):
 
     def __init__(self, *, proximal_mu: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_parameters("FedProx", [(proximal_mu >= 0, "proximal_mu must be >= 0")])
+        FEDPROX_PARAMS.check(proximal_mu=proximal_mu)
         self.proximal_mu = proximal_mu
 
     def summary(self) -> None:

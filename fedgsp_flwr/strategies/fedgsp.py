@@ -22,10 +22,32 @@ from ..core.grouping import (
     shuffled,
 )
 from .fedavg import check_parameters
+from .params import Param, Spec, positive
 from .sequential import RelayStrategy
 from .state import NodeMap, StrategyState
 
 GROUPINGS = ("icg", "random")
+PARAMS = Spec("FedGSP", (
+    Param("growth", "log", "growth function of the number of groups",
+          choices=GROWTH_FUNCTIONS, key="fedgsp-growth"),
+    Param("alpha", 2.0, "growth rate alpha", positive, "> 0", key="fedgsp-growth-alpha"),
+    Param("beta", 10, "initial number of groups and growth span beta (the paper: 10 for "
+          "368 clients; the app's 1 starts with one chain through all nodes)", positive,
+          "> 0", key="fedgsp-growth-beta", app_default=1),
+    Param("kappa", 0.3, "fraction of groups sampled per round", lambda v: 0 < v <= 1,
+          "in (0, 1]", key="fedgsp-kappa"),
+    Param("grouping", "icg", "icg or random (the app: by strategy name)", choices=GROUPINGS),
+    Param("icg_iterations", 10, "ICG's maximum iterations (tau)", positive, "> 0",
+          key="fedgsp-icg-iterations"),
+    Param("icg_leftover", "drop", "ICG clients outside the equal-size clusters: drop (the "
+          "paper: they sit the round out) or distribute (ours: they join groups)",
+          choices=LEFTOVER_POLICIES, key="fedgsp-icg-leftover"),
+    Param("icg_normalize", False, "ICG clusters label proportions, not counts",
+          key="fedgsp-icg-normalize"),
+    Param("icg_balance", False, "rearrange ICG's one-per-cluster draw to equalise group "
+          "distributions (ours; false = the paper's random draw)", key="fedgsp-icg-balance"),
+    Param("cpd_sigma", 1.0, "kernel width of the CPD metric", positive, "> 0"),
+))
 
 
 class FedGSP(RelayStrategy):
@@ -107,18 +129,12 @@ class FedGSP(RelayStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        checks = [
-            (growth in GROWTH_FUNCTIONS, f"growth must be one of {GROWTH_FUNCTIONS}"),
-            (alpha > 0, "alpha must be > 0"),
-            (isinstance(beta, int) and beta >= 1, "beta must be an integer >= 1"),
-            (0 < kappa <= 1, "kappa must be in (0, 1]"),
-            (grouping in GROUPINGS, f"grouping must be one of {GROUPINGS}"),
-            (num_groups is None or num_groups >= 1, "num_groups must be >= 1 or None"),
-            (icg_iterations >= 1, "icg_iterations must be >= 1"),
-            (icg_leftover in LEFTOVER_POLICIES, f"icg_leftover must be in {LEFTOVER_POLICIES}"),
-            (cpd_sigma > 0, "cpd_sigma must be > 0"),
-        ]
-        check_parameters("FedGSP", checks)
+        PARAMS.check(growth=growth, alpha=alpha, beta=beta, kappa=kappa, grouping=grouping,
+                     icg_iterations=icg_iterations, icg_leftover=icg_leftover,
+                     icg_normalize=icg_normalize, icg_balance=icg_balance,
+                     cpd_sigma=cpd_sigma)
+        check_parameters("FedGSP", [(num_groups is None or num_groups >= 1,
+                                     "num_groups must be >= 1 or None")])
         self.growth, self.alpha, self.beta, self.kappa = growth, alpha, beta, kappa
         self.grouping, self.num_groups = grouping, num_groups
         self.icg_iterations, self.icg_leftover = icg_iterations, icg_leftover

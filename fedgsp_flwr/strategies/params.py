@@ -40,6 +40,9 @@ class Param:
         The values allowed (instead of ``check`` and ``rule``).
     key : str | None
         Its run-config key (``None``: the constructor's only).
+    app_default : bool | int | float | str | None
+        The bundled app's default for the key, where it differs from the constructor's
+        (``None``: the same); ``help`` says why.
     """
 
     name: str
@@ -49,14 +52,23 @@ class Param:
     rule: str = ""
     choices: tuple[str, ...] | None = None
     key: str | None = None
+    app_default: bool | int | float | str | None = None
 
     def __post_init__(self) -> None:
         if type(self.default) not in BASIC_TYPES:
             raise TypeError(f"parameter {self.name}: default {self.default!r} is not a "
                             "bool, int, float or str")
+        if self.app_default is not None and self.problem(self.app_default):
+            raise ValueError(f"parameter {self.name}: app_default {self.app_default!r} "
+                             f"{self.problem(self.app_default)}")
         if self.choices is not None and self.default not in self.choices:
             raise ValueError(f"parameter {self.name}: default {self.default!r} is not "
                              f"one of {self.choices}")
+
+    @property
+    def run_default(self) -> Any:
+        """The run config's default: ``app_default``, or else ``default``."""
+        return self.default if self.app_default is None else self.app_default
 
     @property
     def type(self) -> type:
@@ -115,9 +127,13 @@ class Spec:
         ValueError
             Naming the strategy, the parameter, its range and the value.
         """
+        self.check_as(self.owner, values)
+
+    def check_as(self, owner: str, values: Mapping[str, Any]) -> None:
+        """:meth:`check`, the message naming ``owner`` (a subclass) instead."""
         for param in self.params:
             if param.name in values and (problem := param.problem(values[param.name])):
-                raise ValueError(f"{self.owner}: {param.name} {problem}")
+                raise ValueError(f"{owner}: {param.name} {problem}")
 
     def keyed(self) -> tuple[Param, ...]:
         """The parameters the run config can set."""

@@ -15,9 +15,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..protocol import METRICS, SERVER_ROUND, TRAIN
-from .fedavg import GroupModel, ServerSideRound, average_arrays, check_parameters
+from .exchange import MAX_POLL_INTERVAL
+from .fedavg import GroupModel, ServerSideRound, average_arrays
 from .metrics import MetricsAggregation
 from .node_registry import NodeRegistry, node_label
+from .params import Param, Spec, non_negative, positive
 from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
 from .rounds import TrainResult
 from .state import NodeMap, StrategyState, generator_state, set_generator_state
@@ -30,6 +32,23 @@ def relay_message_type_problem(message_type: str) -> str | None:
         return (f"relay_message_type must be 'train' or 'train.<identifier>', "
                 f"got {message_type!r}")
     return None
+
+
+PARAMS = Spec("RelayStrategy", (
+    Param("relay_message_type", TRAIN, "message type of relay hops (train: any "
+          "ClientApp's train handler; a node without a train.<name> handler gets train)",
+          lambda v: relay_message_type_problem(v) is None,
+          "'train' or 'train.<identifier>'", key="relay-message"),
+    Param("weighted_average", True, "average the chains' models by the examples trained "
+          "along each (false: the uniform mean)"),
+    Param("poll_interval", 0.02, "seconds the relay waits after a poll that brought no "
+          f"hop reply, doubled with each further empty poll up to {MAX_POLL_INTERVAL:g} (or "
+          "this value if longer; 3.0 behaves as send_and_receive in deployment)", positive,
+          "> 0",
+          key="relay-poll"),
+    Param("seed", 0, "seed of the grouping, sampling and orders (the app: its seed)",
+          non_negative, ">= 0"),
+))
 
 
 class RelayStrategy(ServerSideRound):
@@ -80,11 +99,9 @@ class RelayStrategy(ServerSideRound):
         **kwargs: Any,
     ) -> None:
         super().__init__(query_timeout=query_timeout, **kwargs)
-        problem = relay_message_type_problem(relay_message_type)
-        check_parameters(type(self).__name__, [
-            (problem is None, problem or ""),
-            (poll_interval > 0, f"poll_interval must be > 0, got {poll_interval}"),
-        ])
+        PARAMS.check_as(type(self).__name__, {
+            "relay_message_type": relay_message_type, "weighted_average": weighted_average,
+            "poll_interval": poll_interval, "seed": seed})
         self.relay_message_type = relay_message_type
         self.weighted_average = weighted_average
         self.poll_interval = poll_interval

@@ -205,4 +205,5 @@ def test_fesem_and_semifl_are_built_from_the_run_config(tmp_path) -> None:
 def test_relay_message_must_be_a_train_type(value: str) -> None:
     with pytest.raises(ConfigError, match="'relay-message' must be 'train' or 'train.<ident"):
         RunConfig.from_mapping({"relay-message": value})
-    assert RunConfig.from_mapping({"relay-message": "train.hop"}).relay_message == "train.hop"
+    assert RunConfig.from_mapping({"relay-message": "train.hop"}).options["relay-message"] == (
+        "train.hop")

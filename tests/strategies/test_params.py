@@ -15,32 +15,47 @@ from fedgsp_flwr.strategies import (
     IFCA,
     Ditto,
     FedFusion,
+    FedGSP,
     FedMMD,
+    FedProx,
     FeSEM,
     HierFL,
     SemiFL,
     StoCFL,
     cfl,
     ditto,
+    fedgsp,
     fesem,
     hierfl,
     ida,
     ifca,
     semifl,
+    sequential,
     stocfl,
     twostream,
 )
+from fedgsp_flwr.strategies.fedavg import FEDPROX_PARAMS
 from fedgsp_flwr.strategies.params import Param, Spec
+from fedgsp_flwr.strategies.sequential import RelayStrategy
 
 SPECCED = {CFL: cfl.PARAMS, Ditto: ditto.PARAMS, HierFL: hierfl.PARAMS, IDA: ida.PARAMS,
            StoCFL: stocfl.PARAMS, FedMMD: twostream.FEDMMD_PARAMS,
            FedFusion: twostream.FEDFUSION_PARAMS, FeSEM: fesem.PARAMS, IFCA: ifca.PARAMS,
-           SemiFL: semifl.PARAMS}
+           SemiFL: semifl.PARAMS, FedGSP: fedgsp.PARAMS, FedProx: FEDPROX_PARAMS,
+           RelayStrategy: sequential.PARAMS}
 
 
 def test_the_app_reads_every_spec() -> None:
     assert {id(spec) for spec in SPECCED.values()} == {id(spec) for spec in SPECS}
     assert all(spec.owner == cls.__name__ for cls, spec in SPECCED.items())
+
+
+def test_an_app_default_is_the_run_configs_and_the_constructor_keeps_its_own() -> None:
+    cfg = RunConfig()
+    assert cfg.options["fedgsp-growth-beta"] == 1 and FedGSP().beta == 10
+    assert cfg.options["fedprox-mu"] == 0.01 and FedProx().proximal_mu == 0.0
+    with pytest.raises(ValueError, match="app_default 0 must be > 0"):
+        Param("beta", 10, "groups", lambda v: v > 0, "> 0", key="b", app_default=0)
 
 
 @pytest.mark.parametrize("cls", sorted(SPECCED, key=lambda c: c.__name__),
