@@ -15,7 +15,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-MODELS = ("auto", "mlp", "cnn", "cnn-leaf", "logistic")
+MODELS = ("auto", "mlp", "mlp-dropout", "cnn", "cnn-leaf", "logistic")
+DROPOUT = 0.2  # mlp-dropout's rate (HierFL's Appendix C names dropout, not its rate)
 
 
 def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
@@ -69,7 +70,9 @@ def build_model(
     Parameters
     ----------
     name : str
-        ``mlp`` (flatten -> 2048 -> ReLU -> classes, StoCFL's 784-2048-10), ``cnn``
+        ``mlp`` (flatten -> 2048 -> ReLU -> classes, StoCFL's 784-2048-10),
+        ``mlp-dropout`` (flatten -> 200 -> ReLU -> dropout 0.2 -> 200 -> ReLU -> dropout
+        0.2 -> classes: McMahan et al.'s 2NN with dropout, HierFL's MNIST model), ``cnn``
         (two 5x5 conv + max-pool layers, then 512 -> classes, the FedAvg CNN),
         ``cnn-leaf`` (the same with 2048 hidden units: LEAF's FEMNIST CNN, FedGSP's
         model, 6.6M parameters = the paper's 25.2 MB with 62 classes), ``logistic``
@@ -97,6 +100,11 @@ def build_model(
             return nn.Sequential(
                 nn.Flatten(), nn.Linear(flat, 2048), nn.ReLU(), nn.Linear(2048, num_classes)
             )
+        if name == "mlp-dropout":
+            return nn.Sequential(
+                nn.Flatten(), nn.Linear(flat, 200), nn.ReLU(), nn.Dropout(DROPOUT),
+                nn.Linear(200, 200), nn.ReLU(), nn.Dropout(DROPOUT),
+                nn.Linear(200, num_classes))
         if name == "logistic":
             return nn.Sequential(nn.Flatten(), nn.Linear(flat, num_classes))
         channels, height, width = input_shape

@@ -104,27 +104,29 @@ def train(
     model.train()
     taken, total, seen = 0, 0.0, 0
     per_pass = -(-len(y_t) // batch_size)
-    for _ in range(epochs if steps == 0 else -(-steps // per_pass)):
-        order = torch.randperm(len(y_t), generator=generator)
-        if steps == 0:
-            total, seen = 0.0, 0
-        for start in range(0, len(order), batch_size):
-            if steps and taken == steps:
-                break
-            batch = order[start : start + batch_size]
-            optimizer.zero_grad()
-            inputs = x_t[batch]
-            outputs = model(inputs)
-            loss = criterion(outputs, y_t[batch])
-            total += loss.item() * len(batch)
-            seen += len(batch)
-            if penalty is not None:
-                loss = loss + penalty(inputs, outputs)
-            loss.backward()
-            if anchor:
-                add_proximal_gradient(model, anchor, proximal_mu, buffers)
-            optimizer.step()
-            taken += 1
+    with torch.random.fork_rng(devices=[]):  # dropout draws from the global generator
+        torch.manual_seed(seed)
+        for _ in range(epochs if steps == 0 else -(-steps // per_pass)):
+            order = torch.randperm(len(y_t), generator=generator)
+            if steps == 0:
+                total, seen = 0.0, 0
+            for start in range(0, len(order), batch_size):
+                if steps and taken == steps:
+                    break
+                batch = order[start : start + batch_size]
+                optimizer.zero_grad()
+                inputs = x_t[batch]
+                outputs = model(inputs)
+                loss = criterion(outputs, y_t[batch])
+                total += loss.item() * len(batch)
+                seen += len(batch)
+                if penalty is not None:
+                    loss = loss + penalty(inputs, outputs)
+                loss.backward()
+                if anchor:
+                    add_proximal_gradient(model, anchor, proximal_mu, buffers)
+                optimizer.step()
+                taken += 1
     return TrainResult(loss=total / seen, num_examples=len(y_t), steps=taken)
 
 

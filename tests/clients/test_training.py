@@ -29,6 +29,22 @@ def test_same_seed_same_model_and_other_seed_other_model() -> None:
     assert not np.allclose(flat(fit(1)), flat(fit(2)))
 
 
+def test_dropout_draws_from_the_training_seed_and_leaves_the_global_generator() -> None:
+    def fit_dropout(seed: int) -> torch.nn.Module:
+        model = build_model("mlp-dropout", (5,), 3, seed=0)
+        train(model, DATA.x_train, DATA.y_train, seed=seed, epochs=1, lr=0.1, batch_size=16)
+        return model
+
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    np.testing.assert_array_equal(flat(fit_dropout(1)), flat(fit_dropout(1)))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert not np.allclose(flat(fit_dropout(1)), flat(fit_dropout(2)))
+    model = fit_dropout(1)
+    assert evaluate(model, DATA.x_test, DATA.y_test) == evaluate(model, DATA.x_test,
+                                                                 DATA.y_test)
+
+
 def test_runs_with_consecutive_seeds_share_no_initial_centre() -> None:
     # IFCA's and FeSEM's "seeds" init: model 0 is the run's model; with seed + k, seed 1's
     # models 0-4 would be seed 0's models 1-5 and the seeds' results would not be independent.
