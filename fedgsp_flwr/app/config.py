@@ -1,9 +1,11 @@
 """Typed, validated run configuration.
 
 Flower hands the ServerApp and the ClientApp the run config as a flat mapping with
-kebab-case keys (``num-server-rounds``, ``local-epochs``, ...). :class:`RunConfig` is the
-single place where those keys are declared, typed, range-checked, checked against
-their choices and documented; the ``[tool.flwr.app.config]`` table of
+kebab-case keys (``num-server-rounds``, ``local-epochs``, ...). :class:`RunConfig`
+validates them: the app's own keys are declared here, typed, range-checked, checked
+against their choices and documented; a strategy's keys come from its parameter spec
+(``PARAMS`` beside the strategy, :mod:`fedgsp_flwr.strategies.params`). The
+``[tool.flwr.app.config]`` table of
 ``pyproject.toml`` must declare the same keys with the same defaults (a test checks
 it). Settings of one strategy carry its name as a prefix (``fedgsp-kappa``,
 ``hierfl-tau1``, ...).
@@ -44,11 +46,13 @@ STRATEGY_NAMES = ("fedavg", "fedprox", "fedgsp", "naivegsp", "naivegsp-icg", "hi
 
 # The strategies whose run-config keys their own parameter spec declares
 # (fedgsp_flwr.strategies.params); the others' keys are RunConfig's fields below.
-SPECS = (FEDPROX_PARAMS, FEDGSP_PARAMS, RELAY_PARAMS, IDA_PARAMS, FEDMMD_PARAMS, FEDFUSION_PARAMS, HIERFL_PARAMS, STOCFL_PARAMS,
-         SEMIFL_PARAMS, FESEM_PARAMS, IFCA_PARAMS, CFL_PARAMS, DITTO_PARAMS)
+SPECS = (FEDPROX_PARAMS, FEDGSP_PARAMS, RELAY_PARAMS, IDA_PARAMS, FEDMMD_PARAMS,
+         FEDFUSION_PARAMS, HIERFL_PARAMS, STOCFL_PARAMS, SEMIFL_PARAMS, FESEM_PARAMS,
+         IFCA_PARAMS, CFL_PARAMS, DITTO_PARAMS)
 SPEC_KEYS: dict[str, Param] = {p.key: p for spec in SPECS for p in spec.keyed()
                                if p.key is not None}
-assert len(SPEC_KEYS) == sum(len(spec.keyed()) for spec in SPECS), "a key in two specs"
+if len(SPEC_KEYS) != sum(len(spec.keyed()) for spec in SPECS):
+    raise ImportError("a run-config key is declared by two parameter specs")
 
 
 def _spec_defaults() -> dict[str, Any]:
@@ -123,11 +127,13 @@ def _setting(
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The app's run configuration, one attribute per kebab-case run-config key.
+    """The app's run configuration.
 
-    Attribute ``local_epochs`` is run-config key ``local-epochs``, and so on. Build it
-    with :meth:`from_mapping`, which validates every value; unknown keys, wrong types
-    and out-of-range values raise :class:`ConfigError` naming the key.
+    Attribute ``local_epochs`` is run-config key ``local-epochs``, and so on; the keys a
+    strategy's parameter spec declares (:data:`SPECS`) are in ``options``, by key
+    (``cfg.options["stocfl-tau"]``). Build it with :meth:`from_mapping`, which validates
+    every value; unknown keys, wrong types and out-of-range values raise
+    :class:`ConfigError` naming the key.
     """
 
     num_server_rounds: int = _setting(5, "number of server rounds", _positive, "> 0")
