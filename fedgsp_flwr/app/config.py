@@ -31,7 +31,7 @@ from ..strategies.fesem import PARAMS as FESEM_PARAMS
 from ..strategies.hierfl import PARAMS as HIERFL_PARAMS
 from ..strategies.ida import PARAMS as IDA_PARAMS
 from ..strategies.ifca import PARAMS as IFCA_PARAMS
-from ..strategies.params import Param
+from ..strategies.params import Param, non_negative, positive
 from ..strategies.semifl import CLUSTER_SOURCES
 from ..strategies.semifl import PARAMS as SEMIFL_PARAMS
 from ..strategies.sequential import PARAMS as RELAY_PARAMS
@@ -61,14 +61,6 @@ def _spec_defaults() -> dict[str, Any]:
 
 class ConfigError(ValueError):
     """A run-config value is missing, of the wrong type, or out of range."""
-
-
-def _positive(value: float) -> bool:
-    return value > 0
-
-
-def _non_negative(value: float) -> bool:
-    return value >= 0
 
 
 def _fraction(value: float) -> bool:
@@ -136,7 +128,7 @@ class RunConfig:
     :class:`ConfigError` naming the key.
     """
 
-    num_server_rounds: int = _setting(5, "number of server rounds", _positive, "> 0")
+    num_server_rounds: int = _setting(5, "number of server rounds", positive, "> 0")
     strategy: str = _setting("fedgsp", "strategy name (see fedgsp_flwr.app.registry)",
                              choices=STRATEGY_NAMES)
     dataset: str = _setting(
@@ -145,13 +137,13 @@ class RunConfig:
     partition: str = _setting("iid", "partition scheme (see fedgsp_flwr.data.partition)",
                               choices=SCHEMES)
     partition_alpha: float = _setting(
-        0.5, "Dirichlet concentration of partition=dirichlet", _positive, "> 0"
+        0.5, "Dirichlet concentration of partition=dirichlet", positive, "> 0"
     )
     classes_per_client: int = _setting(
-        2, "classes per client of partition=pathological", _positive, "> 0"
+        2, "classes per client of partition=pathological", positive, "> 0"
     )
     shards_per_client: int = _setting(
-        2, "shards per client of partition=shards", _positive, "> 0"
+        2, "shards per client of partition=shards", positive, "> 0"
     )
     test_fraction: float = _setting(
         0.2, "size of a client's test split relative to its train split", _fraction,
@@ -161,19 +153,19 @@ class RunConfig:
         False, "rotated/shifted: every latent group splits a transformed copy of the whole "
         "training set (IFCA's and StoCFL's Rotated MNIST)")
     synthetic_alpha: float = _setting(
-        1.0, "model heterogeneity alpha of the Synthetic(alpha, beta) data", _non_negative,
+        1.0, "model heterogeneity alpha of the Synthetic(alpha, beta) data", non_negative,
         ">= 0",
     )
     synthetic_beta: float = _setting(
-        1.0, "data heterogeneity beta of the Synthetic(alpha, beta) data", _non_negative,
+        1.0, "data heterogeneity beta of the Synthetic(alpha, beta) data", non_negative,
         ">= 0",
     )
     train_examples: int = _setting(
         0, "training examples drawn (seeded) from the dataset before partitioning "
-        "(0 = all)", _non_negative, ">= 0")
+        "(0 = all)", non_negative, ">= 0")
     test_examples: int = _setting(
         0, "examples drawn (seeded) from the test split, for central evaluation and the "
-        "clients' test splits (0 = all)", _non_negative, ">= 0")
+        "clients' test splits (0 = all)", non_negative, ">= 0")
     model: str = _setting("auto", "model (auto: cnn for images, logistic for vectors)",
                           choices=MODELS)
     fraction_train: float = _setting(
@@ -184,26 +176,26 @@ class RunConfig:
         _closed_fraction, "in [0, 1]",
     )
     min_available_nodes: int = _setting(
-        2, "nodes to wait for before sampling", _positive, "> 0"
+        2, "nodes to wait for before sampling", positive, "> 0"
     )
     node_wait_timeout: float = _setting(
         600.0, "seconds to wait for min-available-nodes connected nodes, at the start and "
         "whenever a round samples, before the run fails naming the count (deployment; a "
-        "simulation with fewer nodes fails at once)", _positive, "> 0")
+        "simulation with fewer nodes fails at once)", positive, "> 0")
     # Sent to the clients in every training message's config (the one route).
     local_epochs: int = _setting(TrainSettings.local_epochs, "local epochs per training "
-                                 "message", _positive, "> 0")
-    lr: float = _setting(TrainSettings.lr, "client SGD learning rate", _positive, "> 0")
+                                 "message", positive, "> 0")
+    lr: float = _setting(TrainSettings.lr, "client SGD learning rate", positive, "> 0")
     momentum: float = _setting(
         TrainSettings.momentum, "client SGD momentum", lambda v: 0.0 <= v < 1.0, "in [0, 1)"
     )
-    batch_size: int = _setting(TrainSettings.batch_size, "client mini-batch size", _positive,
+    batch_size: int = _setting(TrainSettings.batch_size, "client mini-batch size", positive,
                                "> 0")
     fedopt_eta: float = _setting(
         0.0, "FedAdagrad/FedAdam/FedYogi server learning rate (0 = Flower's default: 0.1, "
-        "FedYogi 0.01)", _non_negative, ">= 0")
+        "FedYogi 0.01)", non_negative, ">= 0")
     fedopt_tau: float = _setting(
-        1e-3, "FedAdagrad/FedAdam/FedYogi adaptivity tau (Flower's default)", _positive,
+        1e-3, "FedAdagrad/FedAdam/FedYogi adaptivity tau (Flower's default)", positive,
         "> 0")
     fedopt_beta_1: float = _setting(
         0.9, "FedAdam/FedYogi first-moment decay (Flower's default)",
@@ -213,10 +205,10 @@ class RunConfig:
         lambda v: 0.0 <= v < 1.0, "in [0, 1)")
     fedgsp_num_groups: int = _setting(
         0, "fixed number of groups of naivegsp / naivegsp-icg (0 = fedgsp-growth-beta)",
-        _non_negative, ">= 0")
+        non_negative, ">= 0")
     query_timeout: float = _setting(
         600.0, "seconds to wait for the replies to a query (partition id, histogram, sketch)",
-        _positive, "> 0")
+        positive, "> 0")
     histogram_epsilon: float = _setting(
         0.0, "Laplace noise on the class histograms nodes report: privacy budget epsilon "
         "(0 = exact counts; a node's own histogram-epsilon node config wins)",
@@ -237,31 +229,31 @@ class RunConfig:
         "", "IFCA: the loss metric of plain ClientApps' evaluate replies ('' = found by name)")
     cost_flops_per_example: float = _setting(
         0.0, "cost model (FedGSP Eq. 15): training FLOPs per example (0 = counted from the "
-        "run's model)", _non_negative, ">= 0")
+        "run's model)", non_negative, ">= 0")
     cost_aggregation_flops: float = _setting(
         0.0, "cost model: FLOPs to aggregate one model (0 = the model's parameter count)",
-        _non_negative, ">= 0")
+        non_negative, ">= 0")
     cost_device_flops: float = _setting(
         567e9, "cost model: device throughput, FLOP/s (the paper's Snapdragon 835)",
-        _positive, "> 0")
+        positive, "> 0")
     cost_rate_in: float = _setting(
-        567.0, "cost model (Eq. 16): inbound link rate, Mbit/s (the paper's)", _positive,
+        567.0, "cost model (Eq. 16): inbound link rate, Mbit/s (the paper's)", positive,
         "> 0")
     cost_rate_out: float = _setting(
-        567.0, "cost model (Eq. 16): outbound link rate, Mbit/s (the paper's)", _positive,
+        567.0, "cost model (Eq. 16): outbound link rate, Mbit/s (the paper's)", positive,
         "> 0")
     seed: int = _setting(42, "seed of data partitions, model init and sampling",
-                         _non_negative, ">= 0")
+                         non_negative, ">= 0")
     train_timeout: float = _setting(
         3600.0, "seconds to wait for the replies to training or evaluation messages (a "
-        "round, an edge round, a relay hop)", _positive, "> 0")
+        "round, an edge round, a relay hop)", positive, "> 0")
     max_untrained_rounds: int = _setting(
         3, "rounds in a row that train nothing before the run stops with their cause",
-        _positive, "> 0")
+        positive, "> 0")
     server_threads: int = _setting(
         0, "BLAS/OpenMP threads of the ServerApp's numpy and torch work (0 = automatic: 1 "
         "in simulation, whose ClientApps own the cores; the process's default in "
-        "deployment)", _non_negative, ">= 0")
+        "deployment)", non_negative, ">= 0")
     data_dir: str = _setting(
         "", "dataset cache directory ('' = $FEDGSP_DATA_DIR or ~/.cache/fedgsp-flwr)"
     )

@@ -146,10 +146,6 @@ class Spec:
         return {p.name: options[p.key] for p in self.keyed()
                 if p.key is not None and p.key in options}
 
-    def defaults(self) -> dict[str, Any]:
-        """Each parameter's default, by name."""
-        return {p.name: p.default for p in self.params}
-
 
 def positive(value: float) -> bool:
     """``> 0``."""
