@@ -33,18 +33,20 @@ FLOWER_TESTS = {
                    "tests/app/test_simulation_e2e.py"),
     # deployment: real flower-superlink and flower-supernode processes
     "deployment": ("tests/tools/test_deployment.py",
-                   "tests/tools/test_deployment_faults.py",
                    ("tests/tools/test_federation_security.py::"
                     "test_sigterm_stops_a_real_secure_federation")),
+    # deployment too, on a worker of their own: each waits out a killed node's reply
+    # timeout, idle, while the secure federation runs its checks
+    "faults": ("tests/tools/test_deployment_faults.py",),
 }
-MARKS = {"simulation": "e2e", "deployment": "deployment"}
+GROUPS_OF_MARK = {"e2e": ("simulation",), "deployment": ("deployment", "faults")}
 # A worker's niceness by group: the SuperNodes' reply timeouts first, then the engine's
 # runs, then the rest in the CPU they leave idle.
-NICENESS = {"deployment": 0, "simulation": 5, "units": 19}
+NICENESS = {"deployment": 0, "faults": 0, "simulation": 5, "units": 19}
 
 
 def group_of(nodeid: str) -> str:
-    """The test's group: ``simulation``, ``deployment`` or ``units``."""
+    """The test's group: a key of ``FLOWER_TESTS``, or ``units``."""
     for group, tests in FLOWER_TESTS.items():
         if any(nodeid == t or nodeid.startswith(t + "::") for t in tests):
             return group
@@ -53,15 +55,15 @@ def group_of(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Refuse an e2e or deployment test that FLOWER_TESTS does not list under its mark."""
-    unlisted = [item.nodeid for item in items for group, mark in MARKS.items()
-                if item.get_closest_marker(mark) and group_of(item.nodeid) != group]
+    unlisted = [item.nodeid for item in items for mark, groups in GROUPS_OF_MARK.items()
+                if item.get_closest_marker(mark) and group_of(item.nodeid) not in groups]
     if unlisted:
         raise pytest.UsageError(f"list these tests in FLOWER_TESTS (tests/conftest.py) under "
                                 f"their mark: {unlisted}")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``-n 3 --dist loadgroup`` (pytest-xdist): one worker per group of ``group_of``.
+    """``-n 4 --dist loadgroup`` (pytest-xdist): one worker per group of ``group_of``.
 
     Each group runs one test at a time: two simulations at once would share one Ray on
     2 cores, two federations each other's reply timeouts. A deployment run waits on

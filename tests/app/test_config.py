@@ -25,6 +25,21 @@ def test_pyproject_declares_every_key_with_the_same_default() -> None:
     assert declared == defaults
 
 
+def test_the_app_bundle_holds_the_package_and_nothing_else() -> None:
+    """``flwr run`` uploads the FAB and every ClientApp process pulls it: the docs' figures
+    and raw results put it at 4.9 MB of Flower's 10 MB limit (``fab-include``)."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.common.constant import FAB_MAX_SIZE
+
+    fab = build_fab_from_disk(PYPROJECT.parent)
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(io.BytesIO(fab)).namelist()}
+    assert tops == {"fedgsp_flwr", "pyproject.toml", ".info"}, tops
+    assert len(fab) < FAB_MAX_SIZE / 5, len(fab)
+
+
 def test_defaults_round_trip() -> None:
     cfg = RunConfig.from_mapping(RunConfig.defaults())
     assert cfg == RunConfig()
