@@ -40,9 +40,9 @@ FLOWER_TESTS = {
     "faults": ("tests/tools/test_deployment_faults.py",),
 }
 GROUPS_OF_MARK = {"e2e": ("simulation",), "deployment": ("deployment", "faults")}
-# A worker's niceness by group: the Flower runs alike (the simulation group, the longest,
-# at niceness 5 set the pace: 2026-12-02), the rest in the CPU they leave idle.
-NICENESS = {"deployment": 0, "faults": 0, "simulation": 0, "units": 19}
+# A worker's niceness by group: the SuperNodes' reply timeouts first, then the engine's
+# runs, then the rest in the CPU they leave idle.
+NICENESS = {"deployment": 0, "faults": 0, "simulation": 5, "units": 19}
 
 
 def group_of(nodeid: str) -> str:
