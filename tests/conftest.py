@@ -66,7 +66,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``-n 4 --dist loadgroup`` (pytest-xdist): one worker per group of ``group_of``.
 
     Each group runs one test at a time: two simulations at once would share one Ray on
-    2 cores, two federations each other's reply timeouts. A deployment run waits on
+    2 cores. The killed-node tests' federations (group ``faults``) run beside the secure
+    federation's, with a live-reply timeout that allows for it. A deployment run waits on
     Flower's polls (a SuperNode's 3 s idle poll, a ClientApp process per message) while
     a simulation keeps the cores busy, so the two overlap, each slower beside the other
     (README, "Run the tests"). (pytest-xdist's own
