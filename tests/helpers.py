@@ -102,9 +102,11 @@ def run_rounds(strategy: Any, grid: Any, initial: ArrayRecord, rounds: int,
 QUICKSTART = Path(__file__).resolve().parent / "quickstart"
 REPO = Path(__file__).resolve().parent.parent
 # One round over three real SuperNodes, the smallest data (tests/tools/test_deployment*.py).
-# A SuperNode's SuperExec looks for a message to start a ClientApp for every 0.2 s
-# instead of Flower's 1 s: ~0.4 s less per message on average.
-DEPLOYMENT_NODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2"}
+# A SuperNode's SuperExec looks for a message to start a ClientApp for every 0.5 s
+# instead of Flower's 1 s: ~0.25 s less per message on average. At 0.2 s an idle
+# 3-node federation burnt 0.137 CPU-s a second, at 1 s 0.065 (2026-12-02): the suite is
+# CPU-bound on 2 cores, so a wait saved costs the other tests' CPU.
+DEPLOYMENT_NODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}
 DEPLOYMENT_RUN: dict[str, Any] = {
     "dataset": "synthetic", "partition": "natural", "batch-size": 16, "lr": 0.1,
     "min-available-nodes": 3, "num-server-rounds": 1, "fraction-evaluate": 0.0}
