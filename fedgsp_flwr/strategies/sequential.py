@@ -67,9 +67,6 @@ class RelayStrategy(ServerSideRound):
 
     Parameters
     ----------
-    train_timeout : float (default: 3600.0)
-        Seconds a node may take for one hop before it is skipped (capped by
-        ``start()``'s ``timeout``).
     query_timeout : float (default: 300.0)
         Seconds to wait for ``query.histogram`` replies.
     relay_message_type : str (default: "train")
@@ -83,7 +80,10 @@ class RelayStrategy(ServerSideRound):
     seed : int (default: 0)
         Seed of the strategy's own random choices (grouping, sampling, order).
     **kwargs : Any
-        FedAvg's parameters (sampling of evaluation nodes, keys, ...).
+        :class:`~fedgsp_flwr.strategies.fedavg.ServerSideRound`'s and FedAvg's
+        parameters (sampling of evaluation nodes, keys, ...), among them
+        ``train_timeout`` (float, default 3600.0): seconds a node may take for one hop
+        before it is skipped (capped by ``start()``'s ``timeout``).
     """
 
     histogram_fallback = "nodes without a histogram are grouped at random"
