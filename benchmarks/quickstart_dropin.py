@@ -8,7 +8,7 @@ Runs the app of ``tests/quickstart`` (Flower's quickstart-pytorch on offline MNI
 central ``evaluate_fn``) through ``flwr run`` in the simulation engine, once as it is and
 once with our hooks registered; each run starts every strategy in turn with default
 arguments. Writes ``<out>.json`` and ``<out>.csv`` (one row per app and strategy) and
-prints the Markdown table of the README's "Use in your own Flower app".
+prints the Markdown table of docs/use-in-your-app.md (the measured quickstart).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def run(hooks: bool, args: argparse.Namespace, work: Path) -> list[dict[str, Any
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The README's Markdown table."""
+    """The Markdown table of docs/use-in-your-app.md."""
     lines = [("| app | strategy | rounds trained | central accuracy, round 0 -> last | "
              "`result.arrays` | rejected replies | missing-hook warnings | "
              "client metrics reported | group models | reported |"),

@@ -15,7 +15,8 @@ from typing import Any
 
 from mkdocs.exceptions import PluginError
 
-MARKER = re.compile(r"^[ \t]*<!--\s*params:\s*(?P<target>[^\s>]*)\s*-->[ \t]*$", re.MULTILINE)
+# A marker anywhere in a line, but not quoted in a code span (`<!-- params: ... -->`).
+MARKER = re.compile(r"(?<!`)<!--\s*params:\s*(?P<target>[^\s>]*)\s*-->")
 
 
 def load_spec(target: str) -> Any:
@@ -24,7 +25,9 @@ def load_spec(target: str) -> Any:
     Raises
     ------
     ValueError
-        If the module or the name does not exist, or the object is no ``Spec``.
+        If the module or the name does not exist.
+    TypeError
+        If the object is no ``Spec``.
     """
     from fedgsp_flwr.strategies.params import Spec
 
@@ -39,7 +42,7 @@ def load_spec(target: str) -> Any:
         raise ValueError(f"module '{module_name}' has no attribute '{attribute}'")
     spec = getattr(module, attribute)
     if not isinstance(spec, Spec):
-        raise ValueError(f"'{target}' is a {type(spec).__name__}, not a Spec")
+        raise TypeError(f"'{target}' is a {type(spec).__name__}, not a Spec")
     return spec
 
 
@@ -60,8 +63,8 @@ def cell(text: str) -> str:
 def table(spec: Any) -> str:
     """The markdown table of one ``Spec``."""
     rows = [
-        f"Parameters of `{spec.owner}` (its own; inherited ones are on their class's "
-        "page), generated from its declaration:",
+        (f"Parameters of `{spec.owner}` (its own; inherited ones are on their class's "
+         "page), generated from its declaration:"),
         "",
         "| parameter | run-config key | default | range | what it sets |",
         "|---|---|---|---|---|",
@@ -84,7 +87,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         target = match.group("target")
         try:
             return table(load_spec(target))
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise PluginError(
                 f"params hook: unknown marker '<!-- params: {target} -->' in "
                 f"{page.file.src_path}: {err}") from err

@@ -9,5 +9,5 @@ over :mod:`~fedgsp_flwr.core.min_cost_flow`), :mod:`~fedgsp_flwr.core.edge_assig
 (IFCA), :mod:`~fedgsp_flwr.core.cfl` (CFL), with the shared
 :mod:`~fedgsp_flwr.core.kmeans`, :mod:`~fedgsp_flwr.core.sampling` and
 :mod:`~fedgsp_flwr.core.arrays` (models back in their own dtypes). The methods are
-described in docs/algorithms.md.
+described in the documentation's strategy pages, docs/strategies/.
 """

@@ -22,7 +22,7 @@ rule holds is the Gram matrix G_ij = <dW_i, dW_j> formed (:func:`update_gram`, O
 over column blocks of the models: no (n, d) matrix of the updates is ever built), whose
 cos(dW_i, dW_j) = G_ij / sqrt(G_ii G_jj) the bipartition reads.
 
-See docs/algorithms.md#cfl.
+See docs/strategies/cfl.md.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ repeats"), split at random; ``c4`` refuses clients that miss a class.
 Clusters hold ``ceil(n / cluster_size)`` clients at most and differ in size by at
 most one.
 
-See docs/algorithms.md#semi-fl.
+See docs/strategies/semifl.md.
 """
 
 from __future__ import annotations

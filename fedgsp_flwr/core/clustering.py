@@ -16,7 +16,7 @@ similarity matrix is never recomputed from the sketches.
 Only :meth:`SketchClustering.add` changes the clustering; inference for a client outside
 it (:meth:`SketchClustering.infer`, :meth:`SketchClustering.infer_all`) is read-only.
 
-See docs/algorithms.md#stocfl.
+See docs/strategies/stocfl.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FedGSP's grouping core: growth functions, ICG, random grouping, CPD.
 
-Pure numpy and OR-Tools; no Flower imports. See docs/algorithms.md#fedgsp and Zeng et al.,
+Pure numpy and OR-Tools; no Flower imports. See docs/strategies/fedgsp.md and Zeng et al.,
 "Heterogeneous Federated Learning via Grouped Sequential-to-Parallel Training".
 
 The equal-size clustering behind ICG lives in :mod:`fedgsp_flwr.core.equal_size`

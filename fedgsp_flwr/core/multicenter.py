@@ -6,7 +6,7 @@ over all columns or over the columns of chosen layers, accurate to float64
 (:func:`~fedgsp_flwr.core.kmeans.squared_distances`: the Gram expansion on float64
 column blocks, no per-centre copies of the models).
 
-See docs/algorithms.md#fesem.
+See docs/strategies/fesem.md.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class CFL(ServerSideRound):
     cosine similarity of their members' updates, one model per cluster.
 
     The method, the paper's items it implements and every deliberate choice:
-    docs/algorithms.md#cfl.
+    docs/strategies/cfl.md.
 
     Clusters are the leaves of a binary tree whose root, cluster 0, starts with every
     client and the initial model. Each round samples ``fraction_train`` of the reachable

@@ -49,7 +49,7 @@ class Ditto(HookedTrain):
     model v_k trained on its loss + lambda/2 ||v_k - w||^2 that never leaves it.
 
     The method, the paper's algorithm and every deliberate choice:
-    docs/algorithms.md#ditto.
+    docs/strategies/ditto.md.
 
     Training is FedAvg's: the same sampling (``fraction_train``), the same per-reply
     validation and the same aggregation, so the global model is FedAvg's bit for bit.

@@ -54,7 +54,7 @@ class FedGSP(RelayStrategy):
     """FedGSP (Zeng et al., DASFAA 2022): STP training over ICG groups.
 
     The method, the paper's equations it implements and every deliberate choice:
-    docs/algorithms.md#fedgsp.
+    docs/strategies/fedgsp.md.
 
     Every round r the connected nodes are regrouped into M = f(r) groups (ICG over
     their class histograms, or at random), max(1, floor(kappa * M + 0.5)) groups are

@@ -57,12 +57,12 @@ class FeSEM(ServerSideRound):
     """FeSEM (Xie et al., 2021): K centre models fitted by stochastic EM.
 
     The method, the paper's equations it implements and every deliberate choice:
-    docs/algorithms.md#fesem.
+    docs/strategies/fesem.md.
 
     Each round samples ``fraction_train`` of the connected nodes. A node assigned to a
     centre receives that centre; all fine-tune locally and return their weights W_i.
     A node seen for the first time gets "the nearest centre after one local fit"
-    (docs/algorithms.md#fesem): with ``new_clients="initial"`` (the paper) it fits the
+    (docs/strategies/fesem.md): with ``new_clients="initial"`` (the paper) it fits the
     initial model and the E-step places that fit; with ``"probe"`` (ours) it fine-tunes
     every centre once and keeps the fit that moved least from its centre (the centre
     whose model its data pulls least, K trainings on its first visit only). In the first

@@ -67,7 +67,7 @@ class HierFL(ServerSideRound):
     """Hierarchical FL (Mhaisen et al.): users train with their edge, edges with the cloud.
 
     The method, the paper's equations it implements and every deliberate choice:
-    docs/algorithms.md#hierfl.
+    docs/strategies/hierfl.md.
 
     Histograms are asked once per node (``query.histogram``). The users (nodes, ordered
     by reported partition id) are assigned to edges with the configured policy (see

@@ -128,7 +128,7 @@ class IFCA(ServerSideRound):
     the lowest loss on its data.
 
     The method, the paper's algorithm it implements and every deliberate choice:
-    docs/algorithms.md#ifca.
+    docs/strategies/ifca.md.
 
     Each round samples ``fraction_train`` of the connected nodes and sends each all k
     models (``train.ifca``). A node computes the loss of every model on its training

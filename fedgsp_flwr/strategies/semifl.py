@@ -75,7 +75,7 @@ class SemiFL(RelayStrategy):
     """Semi-FL (Chen et al., 2021): static clusters trained sequentially.
 
     The method, the paper's equations it implements and every deliberate choice:
-    docs/algorithms.md#semi-fl.
+    docs/strategies/semifl.md.
 
     The connected nodes are split once into static clusters. Every round every cluster
     trains as one relay chain (the first node starts from the global model and trains

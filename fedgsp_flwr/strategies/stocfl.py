@@ -132,7 +132,7 @@ class StoCFL(ServerSideRound):
     """StoCFL (Zeng et al.): clusters by sketches, bi-level global and cluster models.
 
     The method, the paper's equations it implements and every deliberate choice:
-    docs/algorithms.md#stocfl.
+    docs/strategies/stocfl.md.
 
     Each round samples ``fraction_train`` of the connected nodes (less the held-out
     ones). A sampled node seen for the first time is asked for its sketch

@@ -48,7 +48,7 @@ class FedMMD(HookedTrain):
     :func:`fedgsp_flwr.clients.fedmmd.make_fedmmd_handler`) with ``mmd-weight`` in the
     config. A ClientApp without the handler trains with plain ``train`` messages: FedMMD
     is then FedAvg (one WARNING; ``mmd-clients`` counts the nodes that ran the hook).
-    The method and our choices: docs/algorithms.md#fedmmd-and-fedfusion.
+    The method and our choices: docs/strategies/baselines.md#fedmmd-and-fedfusion.
 
     Parameters
     ----------
@@ -96,7 +96,7 @@ class FedFusion(HookedTrain):
     and the run is FedAvg of the plain model; in a mixed federation a node without it is
     sent the model without the module, trains it with plain ``train``, and its reply
     counts the module as received (unchanged). ``fusion-clients`` counts the nodes that
-    ran the hook. The method and our choices: docs/algorithms.md#fedmmd-and-fedfusion.
+    ran the hook. The method and our choices: docs/strategies/baselines.md#fedmmd-and-fedfusion.
 
     Parameters
     ----------

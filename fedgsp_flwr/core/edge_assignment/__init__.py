@@ -1,6 +1,6 @@
 """User-edge assignment for hierarchical FL: minimise the edges' distribution distance.
 
-Pure numpy and OR-Tools; no Flower imports. See docs/algorithms.md#hierfl and Mhaisen et
+Pure numpy and OR-Tools; no Flower imports. See docs/strategies/hierfl.md and Mhaisen et
 al., "Optimal User-Edge Assignment in Hierarchical Federated Learning".
 
 Users hold class counts V_n (rows of ``counts``); edge e gets D_e = sum of its users'
