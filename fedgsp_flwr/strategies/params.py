@@ -5,7 +5,8 @@ range (a check and the rule it states, or its choices), help text and, where the
 config can set it, its run-config key. From that one declaration come the constructor's
 checks (:meth:`Spec.check`), the app's run-config keys with their types, defaults and
 ranges (:class:`~fedgsp_flwr.app.config.RunConfig`), the arguments the app's registry
-passes (:meth:`Spec.arguments`); the docs' parameter tables are to come from it too.
+passes (:meth:`Spec.arguments`) and the docs' parameter tables (the mkdocs hook
+``docs/hooks/params.py``).
 The constructor still lists its parameters explicitly, so that ``help()`` and an IDE
 show them; a test fails when its signature and its spec disagree.
 """
