@@ -1,0 +1,272 @@
+"""The documentation's tables, generated from the results files under ``docs/results``.
+
+    python -m fedgsp_flwr.tools.doc_tables            # rewrite every generated table
+    python -m fedgsp_flwr.tools.doc_tables --check    # list the stale ones, exit 1
+
+A generated table is a template in an HTML comment (invisible on the rendered page,
+on GitHub and on the site alike), followed by its rendering::
+
+    <!-- table: fedgsp-mnist-pathological.csv
+    | strategy | final accuracy |
+    |---|---|
+    | FedAvg | {{fedavg.final-acc-mean * 100:.2f}}% ± {{fedavg.final-acc-std * 100:.2f}} |
+    -->
+
+    | strategy | final accuracy |
+    |---|---|
+    | FedAvg | 82.42% ± 0.86 |
+
+    <!-- /table -->
+
+The opening line names the default source, a file relative to ``docs/results``. Each
+``{{...}}`` is a value of the results files: ``term [* or / term ...][:spec]``, where a
+term is a number or ``[file#]path``.
+
+- ``file#``: another file under ``docs/results`` (``raw/...`` too) instead of the
+  default source.
+- ``path``: keys joined by dots. In a CSV, or a JSON list of rows, the first key is the
+  row (the value of the first column, or ``column=value,...`` where that is not
+  unique) and the next the column; in a JSON object each key
+  is an entry (keys may hold dots: the longest key that matches is taken); in a list, an
+  index.
+- `` * `` and `` / `` (spaces around them): arithmetic, left to right, e.g.
+  ``{{fedavg.final-acc-mean * 100:.2f}}`` or, a ratio of two results,
+  ``{{fedgsp.cost-time-to-reference / fedavg.cost-time-to-reference:.2f}}``.
+- ``:spec``: a Python format spec (``.2f``, ``,.0f``, ``.1%``); without one, the value as
+  the file writes it. An empty CSV cell, or a JSON null, renders as an en dash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = Path("docs") / "results"
+OPEN = re.compile(r"^<!-- table:\s*(?P<source>\S+)\s*$")
+CLOSE_TEMPLATE = "-->"
+END = "<!-- /table -->"
+PLACEHOLDER = re.compile(r"\{\{(?P<body>[^{}]+)\}\}")
+OPERATOR = re.compile(r" ([*/]) ")
+NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$")
+MISSING = "\u2013"
+
+
+class TableError(ValueError):
+    """A template that cannot be rendered: names the page, the line and the cause."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One generated table of a page: its template and its current rendering."""
+
+    page: Path
+    line: int  # 1-based line of the opening comment
+    source: str
+    template: list[str]
+    rendered: list[str]
+    start: int  # index of the first rendered line
+    end: int  # index of the END line
+
+
+def pages(root: Path = REPO) -> list[Path]:
+    """The pages that may hold generated tables: README.md and docs/**/*.md."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def blocks(page: Path, lines: Sequence[str]) -> Iterator[Block]:
+    """The generated tables of ``page`` (its ``lines``), in order.
+
+    Raises
+    ------
+    TableError
+        If a template or its rendering is not closed.
+    """
+    i = 0
+    while i < len(lines):
+        match = OPEN.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        opening = i
+        try:
+            close = lines.index(CLOSE_TEMPLATE, i + 1)
+            end = lines.index(END, close + 1)
+        except ValueError:
+            raise TableError(f"{page}:{opening + 1}: a table template needs a line "
+                             f"'{CLOSE_TEMPLATE}' and, after its rendering, '{END}'") from None
+        yield Block(page, opening + 1, match["source"], list(lines[opening + 1:close]),
+                    list(lines[close + 1:end]), close + 1, end)
+        i = end + 1
+
+
+@cache
+def load(path: Path) -> Any:
+    """A results file: a CSV as a list of rows (dicts of strings), a JSON as it is."""
+    if path.suffix == ".csv":
+        with path.open(newline="") as file:
+            return list(csv.DictReader(file))
+    return json.loads(path.read_text())
+
+
+def lookup(data: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of ``data`` (see the module docstring)."""
+    rest = path
+    while rest:
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            data, rest = _row(data, rest)
+        elif isinstance(data, list):
+            index, _, rest = rest.partition(".")
+            if not index.isdigit() or int(index) >= len(data):
+                raise KeyError(f"'{index}' is no index of a list of {len(data)}")
+            data = data[int(index)]
+        elif isinstance(data, dict):
+            data, rest = _step(data, rest, "keys")
+        else:
+            raise KeyError(f"'{rest}' goes below a value ({data!r})")
+    return data
+
+
+def _row(rows: list[dict[str, Any]], rest: str) -> tuple[Any, str]:
+    """The row that ``rest`` starts with: a value of the first column, or a selector
+    ``column=value[,column=value...]`` (values without dots) where that is not unique.
+    """
+    selector, _, after = rest.partition(".")
+    if "=" in selector:
+        wanted = dict(pair.split("=", 1) for pair in selector.split(","))
+        found = [row for row in rows
+                 if all(str(row.get(k)) == v for k, v in wanted.items())]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} rows match '{selector}', not 1")
+        return found[0], after
+    first = next(iter(rows[0]))
+    row, after = _step({str(row.get(first)): row for row in rows}, rest,
+                       f"rows (by '{first}')")
+    key = str(row.get(first))
+    if sum(str(r.get(first)) == key for r in rows) > 1:
+        raise KeyError(f"several rows have {first} '{key}': select one as "
+                       f"'{first}={key},<column>=<value>'")
+    return row, after
+
+
+def _step(mapping: dict[str, Any], rest: str, what: str) -> tuple[Any, str]:
+    """The entry of the longest key of ``mapping`` that ``rest`` starts with."""
+    for key in sorted(mapping, key=len, reverse=True):
+        if rest == key or rest.startswith(key + "."):
+            return mapping[key], rest[len(key) + 1:]
+    names = ", ".join(sorted(mapping)[:12])
+    raise KeyError(f"'{rest}' starts with none of the {len(mapping)} {what}: {names}")
+
+
+def number(value: Any) -> float:
+    """``value`` as a number (a CSV cell is a string).
+
+    Raises
+    ------
+    ValueError
+        If it is none (a word, a list, a boolean).
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a number") from None
+
+
+def value_of(term: str, source: str, results: Path) -> Any:
+    """A term's value: a number, or the entry at ``[file#]path``."""
+    if NUMBER.match(term):
+        return float(term)
+    name, _, path = term.rpartition("#")
+    name = name or source
+    file = results / name
+    if not file.is_file():
+        raise ValueError(f"no file docs/results/{name}")
+    return lookup(load(file), path)
+
+
+def render_field(body: str, source: str, results: Path) -> str:
+    """One placeholder's text."""
+    expression, colon, spec = body.strip().rpartition(":")
+    if not colon:
+        expression, spec = spec, ""
+    parts = OPERATOR.split(expression.strip())
+    values = [value_of(term.strip(), source, results) for term in parts[::2]]
+    if any(v is None or v == "" for v in values):
+        return MISSING
+    if len(values) == 1 and not spec:
+        return str(values[0])
+    value = number(values[0])
+    for op, operand in zip(parts[1::2], values[1:], strict=True):
+        value = value * number(operand) if op == "*" else value / number(operand)
+    return format(value, spec)
+
+
+def render(block: Block, results: Path) -> list[str]:
+    """The block's template with every placeholder replaced.
+
+    Raises
+    ------
+    TableError
+        Naming the page, the line and the placeholder that cannot be rendered.
+    """
+    out = []
+    for offset, line in enumerate(block.template, start=1):
+        def replace(match: re.Match[str], line_no: int = block.line + offset) -> str:
+            try:
+                return render_field(match["body"], block.source, results)
+            except (KeyError, ValueError) as err:
+                message = err.args[0] if err.args else repr(err)
+                raise TableError(f"{block.page}:{line_no}: {{{{{match['body']}}}}}: "
+                                 f"{message}") from None
+        out.append(PLACEHOLDER.sub(replace, line))
+    # blank lines around the table: Markdown ends the comment's HTML block before it
+    return ["", *out, ""]
+
+
+def update(page: Path, results: Path, write: bool) -> list[Block]:
+    """Render every table of ``page``; with ``write``, save the page if one changed.
+
+    Returns
+    -------
+    list[Block]
+        The tables whose rendering on the page differs from their template's.
+    """
+    lines = page.read_text().split("\n")
+    stale = []
+    for block in reversed(list(blocks(page, lines))):
+        new = render(block, results)
+        if new != block.rendered:
+            stale.append(block)
+            lines[block.start:block.end] = new
+    if stale and write:
+        page.write_text("\n".join(lines))
+    return stale[::-1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; list the stale tables and exit 1 if any")
+    parser.add_argument("--root", type=Path, default=REPO, help="the repository")
+    args = parser.parse_args(argv)
+    stale = [block for page in pages(args.root)
+             for block in update(page, args.root / RESULTS, write=not args.check)]
+    for block in stale:
+        verb = "is stale" if args.check else "rewritten"
+        print(f"{block.page.relative_to(args.root)}:{block.line}: table from "
+              f"{block.source} {verb}")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
