@@ -20,7 +20,7 @@ FIX = "python -m fedgsp_flwr.tools.doc_tables"
 NOT_YET_GENERATED = {
     "docs/results.md",
     *(f"docs/experiments/{p.name}" for p in (REPO / "docs" / "experiments").glob("*.md")
-      if p.name not in {"index.md"}),
+      if p.name not in {"index.md", "fedgsp_growth_grid_one_class.md"}),
 }
 
 
