@@ -45,7 +45,6 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +107,31 @@ def blocks(page: Path, lines: Sequence[str]) -> Iterator[Block]:
         i = end + 1
 
 
-@cache
-def load(path: Path) -> Any:
-    """A results file: a CSV as a list of rows (dicts of strings), a JSON as it is."""
-    if path.suffix == ".csv":
-        with path.open(newline="") as file:
-            return list(csv.DictReader(file))
-    return json.loads(path.read_text())
+class Results:
+    """The results files under one ``docs/results`` folder, each read once.
+
+    Parameters
+    ----------
+    folder : Path
+        The folder that the templates' file names are relative to.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._files: dict[str, Any] = {}
+
+    def load(self, name: str) -> Any:
+        """File ``name``: a CSV as a list of rows (dicts of strings), a JSON as it is."""
+        if name not in self._files:
+            path = self.folder / name
+            if not path.is_file():
+                raise ValueError(f"no file docs/results/{name}")
+            if path.suffix == ".csv":
+                with path.open(newline="") as file:
+                    self._files[name] = list(csv.DictReader(file))
+            else:
+                self._files[name] = json.loads(path.read_text())
+        return self._files[name]
 
 
 def lookup(data: Any, path: str) -> Any:
@@ -182,19 +199,15 @@ def number(value: Any) -> float:
         raise ValueError(f"{value!r} is not a number") from None
 
 
-def value_of(term: str, source: str, results: Path) -> Any:
+def value_of(term: str, source: str, results: Results) -> Any:
     """A term's value: a number, or the entry at ``[file#]path``."""
     if NUMBER.match(term):
         return float(term)
     name, _, path = term.rpartition("#")
-    name = name or source
-    file = results / name
-    if not file.is_file():
-        raise ValueError(f"no file docs/results/{name}")
-    return lookup(load(file), path)
+    return lookup(results.load(name or source), path)
 
 
-def render_field(body: str, source: str, results: Path) -> str:
+def render_field(body: str, source: str, results: Results) -> str:
     """One placeholder's text."""
     expression, colon, spec = body.strip().rpartition(":")
     if not colon:
@@ -211,7 +224,7 @@ def render_field(body: str, source: str, results: Path) -> str:
     return format(value, spec)
 
 
-def render(block: Block, results: Path) -> list[str]:
+def render(block: Block, results: Results) -> list[str]:
     """The block's template with every placeholder replaced.
 
     Raises
@@ -233,7 +246,7 @@ def render(block: Block, results: Path) -> list[str]:
     return ["", *out, ""]
 
 
-def update(page: Path, results: Path, write: bool) -> list[Block]:
+def update(page: Path, results: Results, write: bool) -> list[Block]:
     """Render every table of ``page``; with ``write``, save the page if one changed.
 
     Returns
@@ -259,8 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="change nothing; list the stale tables and exit 1 if any")
     parser.add_argument("--root", type=Path, default=REPO, help="the repository")
     args = parser.parse_args(argv)
+    results = Results(args.root / RESULTS)
     stale = [block for page in pages(args.root)
-             for block in update(page, args.root / RESULTS, write=not args.check)]
+             for block in update(page, results, write=not args.check)]
     for block in stale:
         verb = "is stale" if args.check else "rewritten"
         print(f"{block.page.relative_to(args.root)}:{block.line}: table from "

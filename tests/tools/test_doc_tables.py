@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-from fedgsp_flwr.tools import doc_tables
-from fedgsp_flwr.tools.doc_tables import END, TableError, blocks, main, pages, update
+from fedgsp_flwr.tools.doc_tables import END, Results, TableError, blocks, main, pages, update
 
-REPO = Path(__file__).resolve().parents[2]
 FIX = "python -m fedgsp_flwr.tools.doc_tables"
 
 # Pages whose tables quote numbers that no file under docs/results holds yet (issue 50,
@@ -31,8 +30,8 @@ NOT_YET_GENERATED = {f"docs/{page}.md" for page in (
 
 def test_every_generated_table_matches_its_results_files() -> None:
     stale = [f"{b.page.relative_to(REPO)}:{b.line} (from {b.source})"
-             for page in pages(REPO) for b in update(page, REPO / "docs" / "results",
-                                                     write=False)]
+             for page in pages(REPO)
+             for b in update(page, Results(REPO / "docs" / "results"), write=False)]
     assert not stale, f"stale tables, run `{FIX}`: {stale}"
 
 
@@ -80,7 +79,6 @@ def repo(tmp_path: Path) -> Path:
         "strategy,round,acc\nfedavg,1,0.5\nfedavg,2,0.8125\nfedgsp,1,\n")
     (tmp_path / "docs" / "results" / "bench.json").write_text(
         '{"source": "x", "sizes": {"k.10": {"seconds": [2.0, 3.0]}}}')
-    doc_tables.load.cache_clear()
     return tmp_path
 
 
@@ -104,7 +102,6 @@ def test_a_table_is_rendered_checked_and_rewritten(repo: Path,
     # a result changes: the table is stale again
     (repo / "docs" / "results" / "runs.csv").write_text(
         "strategy,round,acc\nfedavg,1,0.5\nfedavg,2,0.9\nfedgsp,1,\n")
-    doc_tables.load.cache_clear()
     assert main(["--check", "--root", str(repo)]) == 1
 
 
