@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
-from helpers import REPO, image_bundle
+from helpers import bundled_app, image_bundle
 
 from fedgsp_flwr.data import DataBundle
 
@@ -127,6 +127,7 @@ def local_simulation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
     """
     from fedgsp_flwr.tools.launcher import LocalSimulation
 
-    with LocalSimulation(REPO, tmp_path_factory.mktemp("flwr-home")) as sim:
+    app = bundled_app(tmp_path_factory.mktemp("app"))
+    with LocalSimulation(app, tmp_path_factory.mktemp("flwr-home")) as sim:
         yield sim
     assert sim.superlink_pids() == [], "the private SuperLink was not stopped"

@@ -121,6 +121,23 @@ def completed_scenario(out: Path, name: str) -> dict[str, Any]:
     return row
 
 
+def bundled_app(folder: Path) -> Path:
+    """A copy of the bundled app in ``folder``: ``pyproject.toml`` and ``fedgsp_flwr/``,
+    the files its FAB takes (``fab-include``), so the same FAB.
+
+    ``flwr run`` builds the FAB by walking every file under the app's directory before
+    it filters them: in a clone with its ``.venv`` (64,000 files) that cost ~6 CPU-s a
+    run (2026-12-03), where a copy costs nothing. tests/app/test_config.py builds the
+    FAB of the repository itself.
+    """
+    app = folder / "bundled-app"
+    app.mkdir(parents=True)
+    shutil.copy2(REPO / "pyproject.toml", app)
+    shutil.copytree(REPO / "fedgsp_flwr", app / "fedgsp_flwr",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return app
+
+
 def quickstart_app(folder: Path, hooks: bool = False) -> Path:
     """A copy of the quickstart-shaped test app in ``folder``; with ``hooks``, its
     ClientApp is the one with our hooks registered (``app_with_hooks``).

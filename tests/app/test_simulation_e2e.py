@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import completed_scenario
+from helpers import bundled_app, completed_scenario
 
 import simulation
 from fedgsp_flwr.app.results import is_complete, read_metrics
@@ -25,7 +25,6 @@ from fedgsp_flwr.tools.launcher import LocalSimulation, RunOutcome
 
 pytestmark = pytest.mark.e2e
 
-APP_DIR = Path(__file__).resolve().parents[2]
 SCENARIO_APP = Path(__file__).resolve().parents[1] / "scenarios"
 TINY = {"dataset": "synthetic", "partition": "natural", "min-available-nodes": 3,
         "batch-size": 16, "lr": 0.1}
@@ -208,6 +207,8 @@ def test_experiment_runner_compares_and_resumes(tmp_path: Path, monkeypatch) -> 
     )
     # One flwr run beside the centralized baseline: the runner's handling of several
     # federated strategies is tested with a stand-in launcher (tests/tools/test_runner.py).
+    # The bundled app from a copy: its FAB without walking the clone's .venv (helpers).
+    monkeypatch.setattr(simulation, "APP_DIR", bundled_app(tmp_path))
     root = simulation.run_experiment(simulation.Experiment.load(spec), tmp_path / "results")
     for label in ("fedavg", "central"):
         assert is_complete(root / "runs" / f"{label}-seed1")

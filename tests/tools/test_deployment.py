@@ -4,8 +4,8 @@ The tests start their SuperLink and SuperNodes as separate processes (runtime de
 installation off, each node with its own port and node config) and stop exactly those
 processes, also when they fail. In deployment every message starts a new ClientApp
 process and an idle SuperNode polls every 3 s, so a message takes ~5-15 s here: the
-runs are one round over three nodes. The module's secure federation (TLS, SuperNode
-authentication) serves every test: three ``flwr run``s at once, two of the test app
+runs are one round over three nodes, of the strategies in STRATEGY_RUNS. The module's
+secure federation (TLS, SuperNode authentication) serves every test: three ``flwr run``s at once, two of the test app
 ``tests/scenarios`` (each calls the bundled ServerApp once per strategy of its batch: a
 ServerApp process and FAB install a run, ~35 s, paid once) and one of the quickstart
 app; the killed-node tests start federations of their own.
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import DEPLOYMENT_NODE_ENV, completed_scenario, quickstart_app
+from helpers import DEPLOYMENT_NODE_ENV, bundled_app, completed_scenario, quickstart_app
 from helpers import DEPLOYMENT_RUN as TINY
-from helpers import REPO as APP_DIR
 
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.federation import LocalFederation
@@ -46,7 +45,8 @@ NODE_CONFIGS = [
 @pytest.fixture(scope="module")
 def secure_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
     """TLS and SuperNode authentication: three registered nodes."""
-    fed = LocalFederation(APP_DIR, tmp_path_factory.mktemp("secure"), tls=True, auth=True,
+    fed = LocalFederation(bundled_app(tmp_path_factory.mktemp("app")),
+                          tmp_path_factory.mktemp("secure"), tls=True, auth=True,
                           node_env=DEPLOYMENT_NODE_ENV)
     try:
         fed.start()
@@ -80,9 +80,12 @@ def expect(**values: Any) -> Callable[[dict[str, Any]], bool]:
     return check
 
 
+# Each message type the strategies send, and each use of the node config and the node
+# state, once: FedAvg's exchanges (query.partition, train, evaluate) and CFL's
+# (query.partition, train) are FeSEM's and Ditto's too, so they run in simulation only
+# (tests/app/test_simulation_e2e.py, test_lying_partition_e2e.py, test_quickstart_e2e.py):
+# the 18 messages they would add cost ~70 CPU-s of ClientApp processes.
 STRATEGY_RUNS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
-    "fedavg": ({"fraction-evaluate": 1.0}, expect(**{"train-replies": 3,
-                                                     "eval-replies": 3})),
     "fedgsp": ({"fedgsp-kappa": 1.0}, expect(**{"hops": 3, "skipped-nodes": 0, "num-groups": 1})),
     # nodes 0 and 1 reach edge 0, nodes 1 and 2 edge 1 (node config)
     "hierfl": ({"hierfl-edges": 2, "hierfl-tau1": 1, "hierfl-tau2": 1},
@@ -96,18 +99,19 @@ STRATEGY_RUNS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]
     # each node scores both models on its data (train.ifca) and trains its argmin
     "ifca": ({"ifca-k": 2}, expect(**{"train-replies": 3, "chosen-clients": 3,
                                       "cluster-sizes": lambda s: sum(s) == 3})),
-    "cfl": ({}, expect(**{"train-replies": 3, "clusters": lambda k: k >= 1,
-                          "placed-clients": 3})),
-    # every node trains its personal model in its node state and is scored on it
+    # every node trains its personal model in its node state and is scored on it, and
+    # the global model on the plain evaluate message
     "ditto": ({"fraction-evaluate": 1.0}, expect(**{"train-replies": 3, "eval-replies": 3,
                                                     "eval-personal-clients": 3})),
 }
 
 
-# Balanced by their run time one after the other (2026-12-02: 259 s and 301 s).
-BATCHES = (("fedgsp", "semifl", "stocfl", "cfl"), ("hierfl", "fedavg", "ifca", "fesem", "ditto"))
-QUICKSTART_RUN = {"strategies": "fedgsp,stocfl", "num-server-rounds": 1,
-                  "train-examples": 3000, "lr": 0.02}
+# Balanced by their messages: 21 (two relays of three hops) and 27.
+BATCHES = (("fedgsp", "semifl", "stocfl"), ("hierfl", "ifca", "fesem", "ditto"))
+# Default arguments but evaluation off: what is checked is training and the missing
+# hooks, and the 9 evaluate messages it saves cost ~35 CPU-s of ClientApp processes.
+QUICKSTART_RUN = {"strategies": "fedgsp:fraction_evaluate=0.0,stocfl:fraction_evaluate=0.0",
+                  "num-server-rounds": 1, "train-examples": 3000, "lr": 0.02}
 
 
 @dataclass(frozen=True)
@@ -195,8 +199,9 @@ def received_in_run(log: str, run_id: str, message_type: str) -> int:
 @pytest.mark.timeout(1800)
 def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
         secure_federation: LocalFederation, runs: Runs) -> None:
-    """Flower's quickstart app (tests/quickstart), our strategies at default arguments,
-    on the three secure SuperNodes: both train, and a missing hook costs one message each.
+    """Flower's quickstart app (tests/quickstart), our strategies at default arguments
+    (but evaluation), on the three secure SuperNodes: both train, and a missing hook costs
+    one message each.
     """
     with pytest.raises(RuntimeError, match="already running"):
         secure_federation.start()
@@ -204,7 +209,7 @@ def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
     assert outcome.ok, outcome.cause()
     assert outcome.run_id is not None
     node_logs = [n.log_path.read_text() for n in secure_federation.nodes]
-    rows = {r["strategy"]: r for r in json.loads(
+    rows = {r["strategy"].split(":")[0]: r for r in json.loads(
         (runs.folder / "quickstart" / "out" / "summary.json").read_text())}
     # One round: the hooks are probed in round 1 only (the simulation test runs 3).
     for name, queries in (("fedgsp", ("query.histogram",)),

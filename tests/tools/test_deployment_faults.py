@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import DEPLOYMENT_NODE_ENV
+from helpers import DEPLOYMENT_NODE_ENV, bundled_app
 from helpers import DEPLOYMENT_RUN as TINY
-from helpers import REPO as APP_DIR
 
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.federation import LocalFederation
@@ -117,7 +116,8 @@ def crash_and_return(fed: LocalFederation, run_config: dict[str, Any], folder: P
 
 def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
         tmp_path: Path) -> None:
-    with LocalFederation(APP_DIR, tmp_path / "fed", node_env=DEPLOYMENT_NODE_ENV) as fed:
+    with LocalFederation(bundled_app(tmp_path), tmp_path / "fed",
+                         node_env=DEPLOYMENT_NODE_ENV) as fed:
         # Round 1 is one chain over the three nodes: the second hop's node dies. Round
         # 2 has two groups; ICG's leftover joins one (not the paper's sitting out), so
         # every node trains.
@@ -139,7 +139,8 @@ def test_a_node_killed_mid_chain_is_skipped_and_a_returning_node_rejoins(
 
 def test_a_node_killed_mid_stocfl_round_is_skipped_and_a_returning_node_rejoins(
         tmp_path: Path) -> None:
-    with LocalFederation(APP_DIR, tmp_path / "fed", node_env=DEPLOYMENT_NODE_ENV) as fed:
+    with LocalFederation(bundled_app(tmp_path), tmp_path / "fed",
+                         node_env=DEPLOYMENT_NODE_ENV) as fed:
         rounds, _log, victim_log = crash_and_return(
             fed, {"strategy": "stocfl", "query-timeout": LIVE_REPLY_TIMEOUT},
             tmp_path / "results", "train.bilevel", nth=0)
