@@ -29,9 +29,12 @@ term is a number or ``[file#]path``.
   unique) and the next the column; in a JSON object each key
   is an entry (keys may hold dots: the longest key that matches is taken); in a list, an
   index.
-- `` * `` and `` / `` (spaces around them): arithmetic, left to right, e.g.
-  ``{{fedavg.final-acc-mean * 100:.2f}}`` or, a ratio of two results,
-  ``{{fedgsp.cost-time-to-reference / fedavg.cost-time-to-reference:.2f}}``.
+- `` + ``, `` - ``, `` * `` and `` / `` (spaces around them): arithmetic, strictly left
+  to right (no precedence, no parentheses), e.g. ``{{fedavg.final-acc-mean * 100:.2f}}``,
+  a ratio of two results,
+  ``{{fedgsp.cost-time-to-reference / fedavg.cost-time-to-reference:.2f}}``, a mean of
+  three seeds, ``{{a.red + b.red + c.red / 3:.3f}}``, or a relative gain,
+  ``{{x.acc / y.acc - 1 * 100:+.1f}}%``.
 - ``:spec``: a Python format spec (``.2f``, ``,.0f``, ``.1%``); without one, the value as
   the file writes it. An empty CSV cell, or a JSON null, renders as an en dash.
 """
@@ -54,7 +57,8 @@ OPEN = re.compile(r"^<!-- table:\s*(?P<source>\S+)\s*$")
 CLOSE_TEMPLATE = "-->"
 END = "<!-- /table -->"
 PLACEHOLDER = re.compile(r"\{\{(?P<body>[^{}]+)\}\}")
-OPERATOR = re.compile(r" ([*/]) ")
+OPERATOR = re.compile(r" ([-+*/]) ")
+APPLY = {"+": float.__add__, "-": float.__sub__, "*": float.__mul__, "/": float.__truediv__}
 NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$")
 MISSING = "\u2013"
 
@@ -220,7 +224,7 @@ def render_field(body: str, source: str, results: Results) -> str:
         return str(values[0])
     value = number(values[0])
     for op, operand in zip(parts[1::2], values[1:], strict=True):
-        value = value * number(operand) if op == "*" else value / number(operand)
+        value = APPLY[op](value, number(operand))
     return format(value, spec)
 
 
