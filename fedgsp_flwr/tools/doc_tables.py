@@ -26,7 +26,7 @@ term is a number or ``[file#]path``.
   default source.
 - ``path``: keys joined by dots. In a CSV, or a JSON list of rows, the first key is the
   row (the value of the first column, or ``column=value,...`` where that is not
-  unique) and the next the column; in a JSON object each key
+  unique; a value may hold dots) and the next the column; in a JSON object each key
   is an entry (keys may hold dots: the longest key that matches is taken); in a list, an
   index.
 - `` + ``, `` - ``, `` * `` and `` / `` (spaces around them): arithmetic, strictly left
@@ -158,16 +158,17 @@ def lookup(data: Any, path: str) -> Any:
 
 def _row(rows: list[dict[str, Any]], rest: str) -> tuple[Any, str]:
     """The row that ``rest`` starts with: a value of the first column, or a selector
-    ``column=value[,column=value...]`` (values without dots) where that is not unique.
+    ``column=value[,column=value...]`` where that is not unique (a value may hold dots,
+    ``layer=1.weight``: the longest selector that matches one row is taken).
     """
-    selector, _, after = rest.partition(".")
-    if "=" in selector:
-        wanted = dict(pair.split("=", 1) for pair in selector.split(","))
-        found = [row for row in rows
-                 if all(str(row.get(k)) == v for k, v in wanted.items())]
-        if len(found) != 1:
-            raise KeyError(f"{len(found)} rows match '{selector}', not 1")
-        return found[0], after
+    if "=" in rest.partition(".")[0]:
+        parts = rest.split(".")
+        for n in range(len(parts), 0, -1):
+            found = _select(rows, ".".join(parts[:n]))
+            if len(found) == 1:
+                return found[0], ".".join(parts[n:])
+        selector = parts[0]
+        raise KeyError(f"{len(_select(rows, selector))} rows match '{selector}', not 1")
     first = next(iter(rows[0]))
     row, after = _step({str(row.get(first)): row for row in rows}, rest,
                        f"rows (by '{first}')")
@@ -176,6 +177,14 @@ def _row(rows: list[dict[str, Any]], rest: str) -> tuple[Any, str]:
         raise KeyError(f"several rows have {first} '{key}': select one as "
                        f"'{first}={key},<column>=<value>'")
     return row, after
+
+
+def _select(rows: list[dict[str, Any]], selector: str) -> list[dict[str, Any]]:
+    """The rows whose columns hold every ``column=value`` of ``selector``."""
+    pairs = [pair.split("=", 1) for pair in selector.split(",")]
+    if any(len(pair) != 2 for pair in pairs):
+        return []
+    return [row for row in rows if all(str(row.get(k)) == v for k, v in pairs)]
 
 
 def _step(mapping: dict[str, Any], rest: str, what: str) -> tuple[Any, str]:

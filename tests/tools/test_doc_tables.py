@@ -77,6 +77,8 @@ def repo(tmp_path: Path) -> Path:
     (tmp_path / "docs" / "results").mkdir(parents=True)
     (tmp_path / "docs" / "results" / "runs.csv").write_text(
         "strategy,round,acc\nfedavg,1,0.5\nfedavg,2,0.8125\nfedgsp,1,\n")
+    (tmp_path / "docs" / "results" / "layers.csv").write_text(
+        "strategy,layer,red\nc1,1.weight,0.25\nc1,1.bias,0.5\n")
     (tmp_path / "docs" / "results" / "bench.json").write_text(
         '{"source": "x", "sizes": {"k.10": {"seconds": [2.0, 3.0]}}}')
     return tmp_path
@@ -90,17 +92,19 @@ def page_with(repo: Path, template: str) -> Path:
 
 def test_a_table_is_rendered_checked_and_rewritten(repo: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    page = page_with(repo, "| a | b | c | d | e | f |\n|---|---|---|---|---|---|\n"
+    page = page_with(repo, "| a | b | c | d | e | f | g |\n|---|---|---|---|---|---|---|\n"
                            "| {{strategy=fedavg,round=2.acc * 100:.1f}}% "
                            "| {{bench.json#sizes.k.10.seconds.1 / 2:.2f}} "
                            "| {{fedgsp.acc}} | {{fedgsp.round}} "
                            # left to right: a mean, a relative gain
                            "| {{bench.json#sizes.k.10.seconds.0 + 3 + 4 / 3:.1f}} "
-                           "| {{strategy=fedavg,round=2.acc / 0.5 - 1 * 100:+.1f}}% |")
+                           "| {{strategy=fedavg,round=2.acc / 0.5 - 1 * 100:+.1f}}% "
+                           # a selector's value with a dot
+                           "| {{layers.csv#strategy=c1,layer=1.weight.red}} |")
     assert main(["--check", "--root", str(repo)]) == 1
     assert "README.md:3: table from runs.csv is stale" in capsys.readouterr().out
     assert main(["--root", str(repo)]) == 0
-    assert "| 81.2% | 1.50 | \u2013 | 1 | 3.0 | +62.5% |" in page.read_text()
+    assert "| 81.2% | 1.50 | \u2013 | 1 | 3.0 | +62.5% | 0.25 |" in page.read_text()
     assert main(["--check", "--root", str(repo)]) == 0
     # a result changes: the table is stale again
     (repo / "docs" / "results" / "runs.csv").write_text(
