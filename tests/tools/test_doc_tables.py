@@ -22,7 +22,7 @@ NOT_YET_GENERATED = {f"docs/{page}.md" for page in (
     "experiments/fedgsp_mnist_pathological", "experiments/fedgsp_table1_mnist",
     "experiments/fesem_rotated", "experiments/fesem_label_groups",
     "experiments/hierfl_mnist_assignment", "experiments/hierfl_fmnist_assignment",
-    "experiments/semifl_mnist_iid", "experiments/semifl_mnist_one_class",
+    "experiments/semifl_mnist_one_class",
     "experiments/stocfl_clustering", "experiments/stocfl_new_clients",
     "experiments/stocfl_rotated_mnist", "experiments/stocfl_shifted_mnist",
     "experiments/stocfl_tau")}
