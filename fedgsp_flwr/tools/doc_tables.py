@@ -167,8 +167,8 @@ def _row(rows: list[dict[str, Any]], rest: str) -> tuple[Any, str]:
             found = _select(rows, ".".join(parts[:n]))
             if len(found) == 1:
                 return found[0], ".".join(parts[n:])
-        selector = parts[0]
-        raise KeyError(f"{len(_select(rows, selector))} rows match '{selector}', not 1")
+        # the loop ends on the first key alone: name it and what it matched
+        raise KeyError(f"{len(found)} rows match '{parts[0]}', not 1")
     first = next(iter(rows[0]))
     row, after = _step({str(row.get(first)): row for row in rows}, rest,
                        f"rows (by '{first}')")

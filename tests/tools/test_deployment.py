@@ -5,10 +5,11 @@ installation off, each node with its own port and node config) and stop exactly 
 processes, also when they fail. In deployment every message starts a new ClientApp
 process and an idle SuperNode polls every 3 s, so a message takes ~5-15 s here: the
 runs are one round over three nodes, of the strategies in STRATEGY_RUNS. The module's
-secure federation (TLS, SuperNode authentication) serves every test: three ``flwr run``s at once, two of the test app
-``tests/scenarios`` (each calls the bundled ServerApp once per strategy of its batch: a
-ServerApp process and FAB install a run, ~35 s, paid once) and one of the quickstart
-app; the killed-node tests start federations of their own.
+secure federation (TLS, SuperNode authentication) serves every test: three ``flwr
+run``s at once, two of the test app ``tests/scenarios`` (each calls the bundled
+ServerApp once per strategy of its batch: a ServerApp process and FAB install a run,
+~35 s, paid once) and one of the quickstart app; the killed-node tests start
+federations of their own.
 """
 
 from __future__ import annotations
