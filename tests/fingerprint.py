@@ -45,9 +45,9 @@ def digest(value: Any) -> str:
         if isinstance(v, np.ndarray):
             h.update(f"array:{v.dtype}:{v.shape}:".encode())
             h.update(np.ascontiguousarray(v).tobytes())
-        elif isinstance(v, dict):
+        elif isinstance(v, dict):  # by key: the order keys were set in is not behaviour
             h.update(b"{")
-            for k in v:
+            for k in sorted(v, key=repr):
                 h.update(repr(k).encode() + b":")
                 feed(v[k])
             h.update(b"}")

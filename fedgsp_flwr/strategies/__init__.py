@@ -20,7 +20,7 @@ from __future__ import annotations
 from .adaptive import FedAdagrad, FedAdam, FedYogi
 from .cfl import CFL
 from .ditto import Ditto
-from .fedavg import FedAvg, FedProx, GroupModel, ServerSideRound
+from .fedavg import FedAvg, FedProx, GroupModel
 from .fedgsp import FedGSP
 from .fesem import FeSEM
 from .hierfl import HierFL
@@ -31,6 +31,7 @@ from .progress import TrainingStalled
 from .replies import filter_replies, reply_problem
 from .semifl import SemiFL
 from .sequential import RelayStrategy
+from .server_round import ServerSideRound
 from .stocfl import StoCFL
 from .twostream import FedFusion, FedMMD
 

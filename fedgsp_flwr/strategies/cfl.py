@@ -7,16 +7,15 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.cfl import (
     LINKAGES,
@@ -29,15 +28,14 @@ from ..core.cfl import (
     nearest_direction,
 )
 from ..core.clustering import agreement_scores
-from ..core.sampling import sample_share
-from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
-from .exchange import collect_reply_list, screen
-from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays
+from ..protocol import PARTITION, SERVER_ROUND
+from .fedavg import GroupModel, average_arrays
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import Param, Spec, non_negative, positive
 from .replies import reply_problem
 from .rounds import TrainResult
+from .server_round import ServerSideRound
 from .state import (
     NodeMap,
     StrategyState,
@@ -211,7 +209,6 @@ class CFL(ServerSideRound):
         self.position: dict[int, int] = {}  # node -> its tree node (absent: ROOT)
         self.next_id = ROOT + 1
         self.leaf_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
-        self._eval_leaf: dict[int, int] = {}
         self._warned_partial = False
 
     def registry(self) -> NodeRegistry:
@@ -327,21 +324,20 @@ class CFL(ServerSideRound):
         started = time.monotonic()
         if not self.leaves:
             self.setup(arrays)
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        reachable = self.known.reachable(grid, connected)
         self.warn_partial_participation()
-        sampled = sample_share(reachable, self.fraction_train, self.min_train_nodes,
-                               self.rng)
+        reachable, sampled = self.sample_train(grid, self.rng)
         at_start = Counter(self.position_of(n) for n in reachable)
         plan = [(node, t) for node in sampled for t in self.starts(node)]
         records = {t: to_record(self.model_of(t)) for t in dict.fromkeys(t for _, t in plan)}
         train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
-        messages = [Message(RecordDict({ARRAYS: records[t], CONFIG: train_config}),
-                            dst_node_id=node, message_type=TRAIN) for node, t in plan]
-        replies = collect_reply_list(grid, messages, self.reply_timeout)
-        self.known.forget_unanswered(
-            (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
-        fits, rejected = self.sound_fits(server_round, plan, replies, records)
+        exchanged = self.exchange(server_round, grid, plan, self.train_messages(
+            ((node, records[t]) for node, t in plan), train_config),
+            lambda t, reply: reply_problem(reply, reference=records[t],
+                                           weighted_by_key=self.weighted_by_key,
+                                           require_arrays=True))
+        fits: dict[int, dict[int, Message]] = {}
+        for node, t, reply in exchanged.screened.sound:
+            fits.setdefault(node, {})[t] = reply
         by_leaf: dict[int, list[tuple[int, Message]]] = {}
         for node in sampled:
             start = self.position_of(node)
@@ -352,8 +348,7 @@ class CFL(ServerSideRound):
         metrics: dict[str, Any] = {
             "sampled": len(sampled), "placement-fits": sum(
                 len(self.starts(n)) for n in sampled if self.position_of(n) in self.splits),
-            "bytes-sent": array_bytes(messages),
-            "bytes-received": array_bytes(r for r in replies if r is not None)}
+            **exchanged.traffic()}
         if member_replies:
             metrics.update(self.train_metrics_aggr_fn(member_replies, self.weighted_by_key))
         metrics.update(self.train_clusters(server_round, by_leaf, at_start))
@@ -361,7 +356,7 @@ class CFL(ServerSideRound):
         metrics.update(self.cluster_metrics(reachable))
         metrics["train-time"] = time.monotonic() - started
         return self.finish_round(server_round, self.global_model(), metrics, len(fits),
-                                 rejected, len(sampled))
+                                 exchanged.screened.rejected(), len(sampled))
 
     def warn_partial_participation(self) -> None:
         """Say once per run what CFL does when not every node trains every round."""
@@ -374,20 +369,6 @@ class CFL(ServerSideRound):
                 "or never split; members that miss their cluster's split are placed by "
                 "descending the split tree when next sampled", self.fraction_train,
                 self.split_quorum)
-
-    def sound_fits(self, server_round: int, plan: Sequence[tuple[int, int]],
-                   replies: Sequence[Message | None], records: Mapping[int, ArrayRecord]
-                   ) -> tuple[dict[int, dict[int, Message]], dict[int, str]]:
-        """The sound replies by node and tree node, and why each node with none has
-        none (one WARNING per rejected reply).
-        """
-        screened = screen("CFL", server_round, plan, replies, lambda t, reply: reply_problem(
-            reply, reference=records[t], weighted_by_key=self.weighted_by_key,
-            require_arrays=True))
-        fits: dict[int, dict[int, Message]] = {}
-        for node, t, reply in screened.sound:
-            fits.setdefault(node, {})[t] = reply
-        return fits, screened.rejected()
 
     def train_clusters(self, server_round: int,
                        by_leaf: Mapping[int, Sequence[tuple[int, Message]]],
@@ -479,35 +460,24 @@ class CFL(ServerSideRound):
 
     # --- evaluation -------------------------------------------------------------------
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send each sampled node in a cluster that cluster's model to evaluate."""
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid, timeout: float) -> MetricRecord | None:
+        """Score each sampled node in a cluster with that cluster's model; keep each
+        cluster's aggregate (:meth:`group_models`)."""
+        started = time.monotonic()
         if self.fraction_evaluate == 0.0 or not self.leaves:
-            return []
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
-        nodes = sample_share(self.known.order(connected), self.fraction_evaluate,
-                             self.min_evaluate_nodes, self.eval_rng)
-        placed = [n for n in nodes if self.position_of(n) in self.leaves]
+            return self.record_evaluation(server_round, [], {}, None).metrics
+        nodes = self.sample_evaluate(grid, self.eval_rng)
+        placed = {n: self.position_of(n) for n in nodes if self.position_of(n) in self.leaves}
         self.history.setdefault(server_round, {})["eval-unplaced"] = len(nodes) - len(placed)
-        self._eval_leaf = {n: self.position_of(n) for n in placed}
-        records = {leaf: to_record(self.leaves[leaf]) for leaf in set(self._eval_leaf.values())}
-        messages = [Message(RecordDict({ARRAYS: records[self._eval_leaf[n]],
-                                        CONFIG: ConfigRecord(dict(config))}),
-                            dst_node_id=n, message_type=EVALUATE) for n in placed]
-        self._start_clock(EVALUATE, messages)
-        return messages
-
-    def evaluated(self, server_round: int, sound: Sequence[Message]) -> None:
-        """Break the round's evaluation down by cluster (:meth:`group_models`)."""
-        by_leaf: dict[int, list[RecordDict]] = {}
-        for reply in sound:
-            leaf = self._eval_leaf.get(reply.metadata.src_node_id)
-            if leaf is not None:
-                by_leaf.setdefault(leaf, []).append(reply.content)
-        for leaf, contents in sorted(by_leaf.items()):
-            self.leaf_metrics[leaf] = dict(self.evaluate_metrics_aggr_fn(
-                contents, self.weighted_by_key))
+        records = {leaf: to_record(self.leaves[leaf]) for leaf in set(placed.values())}
+        screened = self.evaluate_groups(server_round, grid, config, [
+            (n, leaf, records[leaf]) for n, leaf in placed.items()]).screened
+        evaluation = self.record_evaluation(server_round, [
+            (leaf, reply.content) for _, leaf, reply in screened.sound],
+            screened.rejected(), started if placed else None)
+        self.leaf_metrics.update(evaluation.by_group)
+        return evaluation.metrics
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each cluster's model with its nodes and last evaluation, by cluster."""

@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 
+from ..core._moved import moved
 from ..core.arrays import as_dtype
 from ..protocol import EVALUATE, PARTITION, PROXIMAL_MU, TRAIN
 from ..threads import ThreadHintGrid, is_simulation, server_work
@@ -34,7 +35,7 @@ from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
 from .params import Param, Spec, non_negative
 from .progress import TrainingProgress
 from .replies import filter_replies
-from .rounds import EvaluateFn, TrainResult, own_rounds_error, run_rounds
+from .rounds import EvaluateFn, TrainResult, run_rounds
 from .state import NodeMap, StrategyState
 
 
@@ -548,67 +549,5 @@ class FedProx(FedAvg):
         return super().configure_train(server_round, arrays, config, grid)
 
 
-class ServerSideRound(FedAvg):
-    """Base of strategies whose training round drives the grid itself (relay chains,
-    edge rounds, k models per node): they override :meth:`train_round` and end it with
-    ``return self.finish_round(...)``.
-
-    Flower's ``configure_train`` / ``aggregate_train`` pair cannot make such a round:
-    called, they raise ``TypeError`` (use :meth:`start`, or :meth:`train_round` and
-    :meth:`evaluate_round` from a loop of your own).
-
-    Parameters
-    ----------
-    train_timeout : float (default: 3600.0)
-        Seconds to wait for the training (and evaluation) replies the strategy
-        collects itself: a round's, an edge round's, a relay hop's. ``start()``'s
-        ``timeout`` caps it.
-    **kwargs : Any
-        FedAvg's parameters.
-    """
-
-    def __init__(self, *, train_timeout: float = 3600.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        check_parameters(type(self).__name__, [
-            (train_timeout > 0, f"train_timeout must be > 0, got {train_timeout}")])
-        self.train_timeout = train_timeout
-
-    @property
-    def reply_timeout(self) -> float:
-        """Seconds to wait for replies: ``train_timeout``, capped by ``start()``'s."""
-        return min(self.train_timeout, self.start_timeout)
-
-    def finish_round(self, server_round: int, arrays: ArrayRecord | None,
-                     metrics: dict[str, Any], used: int, rejected: dict[int, str],
-                     expected: int | None = None) -> TrainResult:
-        """Record the round and return its model and metrics.
-
-        ``used`` replies trained ``arrays``; ``rejected`` says why each other node's
-        was unusable; of ``expected`` replies the others did not come in time.
-
-        Raises
-        ------
-        TrainingStalled
-            See :class:`~fedgsp_flwr.strategies.progress.TrainingProgress`.
-        """
-        record = MetricRecord(metrics)
-        self._record(server_round, TRAIN, record, used, rejected)
-        self.progress.record(server_round, arrays, used, rejected, expected)
-        return (arrays if used else None), record
-
-    def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                    grid: Grid, timeout: float) -> TrainResult:
-        """The strategy's training round (subclasses)."""
-        raise NotImplementedError(f"{type(self).__name__} must override train_round")
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Not a step of this strategy's round: raises ``TypeError``."""
-        raise own_rounds_error(self, "configure_train")
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Not a step of this strategy's round: raises ``TypeError``."""
-        raise own_rounds_error(self, "aggregate_train")
+_MOVED = {"ServerSideRound": "fedgsp_flwr.strategies.server_round:ServerSideRound"}
+__getattr__ = moved(__name__, _MOVED)

@@ -5,27 +5,24 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
-from ..core.sampling import sample_share
-from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, SERVER_ROUND, TRAIN
-from .exchange import collect_reply_list, screen
-from .fedavg import GroupModel, ServerSideRound, array_bytes, check_parameters
+from ..protocol import PARTITION, SERVER_ROUND
+from .fedavg import GroupModel, check_parameters
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import Param, Spec, non_negative, positive
-from .replies import reply_problem
 from .rounds import TrainResult
+from .server_round import ServerSideRound
 from .state import (
     NodeMap,
     StrategyState,
@@ -141,7 +138,6 @@ class FeSEM(ServerSideRound):
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
-        self._eval_centre: dict[int, int] = {}  # node -> centre it was evaluated with
         self.layout: Layout | None = None
         self.start_model: ArrayRecord | None = None
         self.centres: np.ndarray | None = None
@@ -239,37 +235,24 @@ class FeSEM(ServerSideRound):
         started = time.monotonic()
         if self.start_model is None:
             self.setup(arrays)
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        reachable = self.known.reachable(grid, connected)
+        reachable, sampled = self.sample_train(grid, self.rng)
         self.warn_unfilled(self.k, "centre", len(reachable), "node", "k (run config fesem-k)",
                            label="k=")
-        sampled = sample_share(reachable, self.fraction_train, self.min_train_nodes,
-                               self.rng)
         records: dict[int | None, ArrayRecord] = {None: cast(ArrayRecord, self.start_model)}
-        train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         plan = [(node, centre) for node in sampled for centre in self.starts(node)]
-        messages = []
-        for node, centre in plan:
+        for _, centre in plan:
             if centre not in records:
                 records[centre] = self.centre_record(cast(int, centre))
-            messages.append(Message(RecordDict({ARRAYS: records[centre],
-                                                CONFIG: train_config}),
-                                    dst_node_id=node, message_type=TRAIN))
-        replies = collect_reply_list(grid, messages, self.reply_timeout)
-        self.known.forget_unanswered(
-            (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
-        screened = screen("FeSEM", server_round, plan, replies, lambda _, reply: reply_problem(
-            reply, reference=arrays, weighted_by_key=self.weighted_by_key,
-            require_arrays=True))
+        train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
+        exchanged = self.exchange(server_round, grid, plan, self.train_messages(
+            ((node, records[centre]) for node, centre in plan), train_config),
+            self.train_problem(arrays))
         fits: dict[int, list[tuple[int | None, Message]]] = {}
-        for node, centre, reply in screened.sound:
+        for node, centre, reply in exchanged.screened.sound:
             fits.setdefault(node, []).append((centre, reply))
         sound = [(node, self.closest_fit(fits[node])) for node in sampled if node in fits]
-        rejected = screened.rejected()
         metrics: dict[str, Any] = {"sampled": len(sampled), "probe-fits": len(plan) - len(sampled),
-                                   "bytes-sent": array_bytes(messages),
-                                   "bytes-received": array_bytes(
-                                       r for r in replies if r is not None)}
+                                   **exchanged.traffic()}
         if sound:
             metrics.update(self.em_round(server_round, sound))
         else:
@@ -277,8 +260,8 @@ class FeSEM(ServerSideRound):
         metrics.update(self.cluster_metrics())
         metrics["train-time"] = time.monotonic() - started
         new_global = self.global_model() if self.centres is not None else None
-        return self.finish_round(server_round, new_global, metrics, len(sound), rejected,
-                                 len(sampled))
+        return self.finish_round(server_round, new_global, metrics, len(sound),
+                                 exchanged.screened.rejected(), len(sampled))
 
     def starts(self, node: int) -> list[int | None]:
         """The centres a sampled node trains from (``None``: the initial model).
@@ -349,36 +332,26 @@ class FeSEM(ServerSideRound):
 
     # --- evaluation -------------------------------------------------------------------
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send each sampled, assigned node its own centre to evaluate."""
+    def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       grid: Grid, timeout: float) -> MetricRecord | None:
+        """Score each sampled, assigned node with its own centre; keep each centre's
+        aggregate (:meth:`group_models`)."""
+        started = time.monotonic()
         if self.fraction_evaluate == 0.0 or self.centres is None:
-            return []
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
-        nodes = sample_share(self.known.order(connected), self.fraction_evaluate,
-                             self.min_evaluate_nodes, self.eval_rng)
+            return self.record_evaluation(server_round, [], {}, None).metrics
+        nodes = self.sample_evaluate(grid, self.eval_rng)
         assigned = [n for n in nodes if n in self.assignment]
         self.history.setdefault(server_round, {})["eval-unassigned"] = len(nodes) - len(
             assigned)
         records = {c: self.centre_record(c) for c in {self.assignment[n] for n in assigned}}
-        messages = [Message(RecordDict({ARRAYS: records[self.assignment[n]],
-                                        CONFIG: ConfigRecord(dict(config))}),
-                            dst_node_id=n, message_type=EVALUATE) for n in assigned]
-        self._eval_centre = {n: self.assignment[n] for n in assigned}
-        self._start_clock(EVALUATE, messages)
-        return messages
-
-    def evaluated(self, server_round: int, sound: Sequence[Message]) -> None:
-        """Break the round's evaluation down by centre (:meth:`group_models`)."""
-        by_centre: dict[int, list[RecordDict]] = {}
-        for reply in sound:
-            centre = self._eval_centre.get(reply.metadata.src_node_id)
-            if centre is not None:
-                by_centre.setdefault(centre, []).append(reply.content)
-        for centre, contents in by_centre.items():
-            self.centre_metrics[centre] = dict(self.evaluate_metrics_aggr_fn(
-                contents, self.weighted_by_key))
+        exchanged = self.evaluate_groups(server_round, grid, config, [
+            (n, self.assignment[n], records[self.assignment[n]]) for n in assigned])
+        screened = exchanged.screened
+        evaluation = self.record_evaluation(server_round, [
+            (centre, reply.content) for _, centre, reply in screened.sound],
+            screened.rejected(), started if assigned else None)
+        self.centre_metrics.update(evaluation.by_group)
+        return evaluation.metrics
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each centre's model with its assigned nodes and last evaluation, by centre."""

@@ -25,12 +25,13 @@ from ..core.edge_assignment import (
 )
 from ..protocol import ARRAYS, CONFIG, LOCAL_STEPS, SERVER_ROUND, TRAIN
 from .exchange import collect_replies
-from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
+from .fedavg import GroupModel, array_bytes, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .node_registry import NodeRegistry
 from .params import Param, Spec, non_negative, positive
 from .replies import filter_replies
 from .rounds import TrainResult
+from .server_round import ServerSideRound
 from .state import (
     NodeMap,
     StrategyState,

@@ -18,10 +18,11 @@ from flwr.serverapp import Grid
 
 from ..protocol import EVALUATE, TRAIN
 from .exchange import collect_reply_list
-from .fedavg import FedAvg, ServerSideRound, array_bytes
+from .fedavg import FedAvg, array_bytes
 from .hook_support import HookSupport, missing_handler
 from .replies import error_text
 from .rounds import TrainResult
+from .server_round import ServerSideRound
 from .state import NodeMap, StrategyState, from_pairs, pairs
 
 
@@ -119,7 +120,7 @@ class HookedTrain(ServerSideRound):
         kind = self.message_type(message.metadata.dst_node_id, hook_type, plain_type)
         return retyped(message, kind) if kind == hook_type else self.as_plain(message, kind)
 
-    def exchange(self, grid: Grid, messages: Sequence[Message], plain_type: str
+    def send_hooked(self, grid: Grid, messages: Sequence[Message], plain_type: str
                  ) -> tuple[list[Message], list[Message | None], list[Message]]:
         """Send the messages (a hook type probed with one message first), then send
         again, as ``plain_type``, those a node answered without a handler for.
@@ -193,7 +194,7 @@ class HookedTrain(ServerSideRound):
         arrays = self.train_arrays(arrays)
         messages = [self.route(m, self.train_type, TRAIN)
                     for m in FedAvg.configure_train(self, server_round, arrays, config, grid)]
-        sent, replies, pushed = self.exchange(grid, messages, TRAIN)
+        sent, replies, pushed = self.send_hooked(grid, messages, TRAIN)
         for message, reply in zip(sent, replies, strict=True):
             if reply is not None and message.metadata.message_type == TRAIN:
                 self.complete_reply(message, reply)
@@ -233,7 +234,7 @@ class HookedTrain(ServerSideRound):
         if not messages:
             return None
         messages = [self.route(m, self.evaluate_type, EVALUATE) for m in messages]
-        sent, replies, _ = self.exchange(grid, messages, EVALUATE)
+        sent, replies, _ = self.send_hooked(grid, messages, EVALUATE)
         for message, reply in zip(sent, replies, strict=True):
             if message.metadata.message_type == EVALUATE and reply is not None:
                 self.complete_eval_reply(reply)

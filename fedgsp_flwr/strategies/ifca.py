@@ -15,7 +15,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.clustering import agreement_scores
 from ..core.ifca import (
@@ -27,7 +26,6 @@ from ..core.ifca import (
     redraw_like,
     share_arrays,
 )
-from ..core.sampling import sample_share
 from ..protocol import (
     ARRAYS,
     CONFIG,
@@ -41,14 +39,15 @@ from ..protocol import (
     TRAIN_IFCA,
     ifca_model_record,
 )
-from .exchange import collect_reply_list
-from .fedavg import GroupModel, ServerSideRound, array_bytes, average_arrays, check_parameters
+from .exchange import collect_reply_list, screen
+from .fedavg import GroupModel, array_bytes, average_arrays, check_parameters
 from .hook_support import HookSupport, missing_handler
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import Param, Spec, non_negative, positive
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
+from .server_round import ServerSideRound
 from .state import (
     NodeMap,
     StrategyState,
@@ -324,22 +323,16 @@ class IFCA(ServerSideRound):
         started = time.monotonic()
         if not self.models:
             self.setup(arrays)
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        reachable = self.known.reachable(grid, connected)
+        reachable, sampled = self.sample_train(grid, self.rng)
         self.warn_unfilled(self.k, "model", len(reachable), "node", "k (run config ifca-k)",
                            label="k=")
-        sampled = sample_share(reachable, self.fraction_train, self.min_train_nodes,
-                               self.rng)
         train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         warmup = self.rounds_run < self.warmup_rounds
         self.rounds_run += 1
         if warmup:
-            outcome = self.warmup_round(grid, sampled, train_config)
+            outcome = self.warmup_round(server_round, grid, sampled, train_config)
         else:
-            outcome = self.choice_round(grid, sampled, train_config)
-        for node, reason in outcome.rejected.items():
-            log(WARNING, "IFCA round %d: rejected reply from node %d: %s", server_round,
-                node, reason)
+            outcome = self.choice_round(server_round, grid, sampled, train_config)
         used = [(node, *outcome.updates[node]) for node in sampled if node in outcome.updates]
         metrics: dict[str, Any] = {
             "sampled": len(sampled), "warmup": int(warmup),
@@ -361,18 +354,19 @@ class IFCA(ServerSideRound):
         return Message(RecordDict({ARRAYS: self.models[model], CONFIG: config}),
                        dst_node_id=node, message_type=TRAIN)
 
-    def warmup_round(self, grid: Grid, nodes: Sequence[int], config: ConfigRecord
-                     ) -> RoundReplies:
+    def warmup_round(self, server_round: int, grid: Grid, nodes: Sequence[int],
+                     config: ConfigRecord) -> RoundReplies:
         """Each node trains its warm-up group's model (the group drawn at first sight)."""
         for node in nodes:
             if node not in self.warmup_group:
                 self.warmup_group[node] = int(self.rng.integers(self.k))
         out = RoundReplies()
-        self.plain_training(grid, {n: self.warmup_group[n] for n in nodes}, config, out)
+        self.plain_training(server_round, grid, {n: self.warmup_group[n] for n in nodes},
+                            config, out)
         return out
 
-    def choice_round(self, grid: Grid, nodes: Sequence[int], config: ConfigRecord
-                     ) -> RoundReplies:
+    def choice_round(self, server_round: int, grid: Grid, nodes: Sequence[int],
+                     config: ConfigRecord) -> RoundReplies:
         """``train.ifca`` to the nodes with the handler; the fallback for the others."""
         out = RoundReplies()
         hooked = [n for n in nodes if n not in self.plain]
@@ -387,30 +381,31 @@ class IFCA(ServerSideRound):
                   if not missing_handler(r) or not known_missing and (
                       self.hooks.has(TRAIN_IFCA) or i == 0)], replies)
         self.known.forget_unanswered(zip(hooked, replies, strict=True))
+        answered: list[tuple[int, Message | None]] = []
         for node, reply in zip(hooked, replies, strict=True):
-            if missing_handler(reply):
-                self.plain[node] = f"no '{TRAIN_IFCA}' handler"
-                if self.hooks.has(TRAIN_IFCA):  # else HookSupport warned once for all
-                    log(WARNING, "IFCA: node %d has no '%s' handler (%s); it takes the "
-                        "fallback: %s", node, TRAIN_IFCA,
-                        error_text(cast(Message, reply).error.reason), FALLBACK)
+            if not missing_handler(reply):
+                answered.append((node, reply))
                 continue
-            problem = self.ifca_reply_problem(reply)
-            if problem is not None or reply is None:
-                out.rejected[node] = problem or ""
-                continue
-            choice = int(cast(float, reply_metrics(reply.content)[IFCA_CHOICE]))
-            out.updates[node] = (choice, reply)
+            self.plain[node] = f"no '{TRAIN_IFCA}' handler"
+            if self.hooks.has(TRAIN_IFCA):  # else HookSupport warned once for all
+                log(WARNING, "IFCA: node %d has no '%s' handler (%s); it takes the "
+                    "fallback: %s", node, TRAIN_IFCA,
+                    error_text(cast(Message, reply).error.reason), FALLBACK)
+        screened = screen("IFCA", server_round, [(n, None) for n, _ in answered],
+                          [r for _, r in answered],
+                          lambda _, reply: self.ifca_reply_problem(reply))
+        for node, _, reply in screened.sound:
+            out.updates[node] = (int(cast(float, reply_metrics(reply.content)[IFCA_CHOICE])),
+                                 reply)
+        out.rejected.update(screened.rejected())
         fallback = [n for n in nodes if n in self.plain]
         if fallback:
-            self.plain_training(grid, self.plain_choices(grid, fallback, config, out),
-                                config, out)
+            self.plain_training(server_round, grid, self.plain_choices(
+                server_round, grid, fallback, config, out), config, out)
         return out
 
-    def ifca_reply_problem(self, reply: Message | None) -> str | None:
+    def ifca_reply_problem(self, reply: Message) -> str | None:
         """Why a ``train.ifca`` reply must not be aggregated, or ``None``."""
-        if reply is None:
-            return "no reply within the round's timeout"
         problem = reply_problem(reply, reference=self.models[0],
                                 weighted_by_key=self.weighted_by_key, require_arrays=True)
         if problem is not None:
@@ -418,8 +413,8 @@ class IFCA(ServerSideRound):
         metrics = reply_metrics(reply.content)
         return choice_problem(metrics.get(IFCA_CHOICE), metrics.get(IFCA_LOSSES), self.k)
 
-    def plain_choices(self, grid: Grid, nodes: Sequence[int], config: ConfigRecord,
-                      out: RoundReplies) -> dict[int, int]:
+    def plain_choices(self, server_round: int, grid: Grid, nodes: Sequence[int],
+                      config: ConfigRecord, out: RoundReplies) -> dict[int, int]:
         """The fallback's choice: each node evaluates the k models (plain ``evaluate``);
         the lowest loss wins. Nodes without k usable losses go to ``out.rejected``.
         """
@@ -435,6 +430,8 @@ class IFCA(ServerSideRound):
             losses, problem = self.plain_losses(replies[i * self.k:(i + 1) * self.k])
             if losses is None:
                 out.rejected[node] = cast(str, problem)
+                log(WARNING, "IFCA round %d: rejected reply from node %d: %s", server_round,
+                    node, problem)
             else:
                 choices[node] = pick_model(losses)
         return choices
@@ -460,25 +457,18 @@ class IFCA(ServerSideRound):
             losses.append(float(cast(float, metrics[key])))
         return losses, None
 
-    def plain_training(self, grid: Grid, plan: Mapping[int, int], config: ConfigRecord,
-                       out: RoundReplies) -> None:
+    def plain_training(self, server_round: int, grid: Grid, plan: Mapping[int, int],
+                       config: ConfigRecord, out: RoundReplies) -> None:
         """Plain ``train`` of model ``plan[node]`` on each node; sound replies go to
         ``out.updates``.
         """
-        nodes = list(plan)
-        messages = [self.train_message(n, plan[n], config) for n in nodes]
-        replies = collect_reply_list(grid, messages, self.reply_timeout)
-        out.sent(messages, replies)
-        self.known.forget_unanswered(zip(nodes, replies, strict=True))
-        for node, reply in zip(nodes, replies, strict=True):
-            problem = ("no reply within the round's timeout" if reply is None else
-                       reply_problem(reply, reference=self.models[0],
-                                     weighted_by_key=self.weighted_by_key,
-                                     require_arrays=True))
-            if problem is not None or reply is None:
-                out.rejected[node] = problem or ""
-            else:
-                out.updates[node] = (plan[node], reply)
+        messages = self.train_messages(((n, self.models[m]) for n, m in plan.items()), config)
+        exchanged = self.exchange(server_round, grid, list(plan.items()), messages,
+                                  self.train_problem(self.models[0]))
+        out.sent(messages, exchanged.replies)
+        out.updates.update((node, (model, reply))
+                           for node, model, reply in exchanged.screened.sound)
+        out.rejected.update(exchanged.screened.rejected())
 
     def aggregate_round(self, server_round: int, used: Sequence[tuple[int, int, Message]],
                         warmup: bool) -> dict[str, Any]:
@@ -533,58 +523,36 @@ class IFCA(ServerSideRound):
         if self.fraction_evaluate == 0.0 or not self.models:
             return None
         started = time.monotonic()
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
-        nodes = sample_share(self.known.order(connected), self.fraction_evaluate,
-                             self.min_evaluate_nodes, self.eval_rng)
-        plan = [(node, model) for node in nodes
-                for model in ([self.choice[node]] if node in self.choice else range(self.k))]
-        messages = [Message(RecordDict({ARRAYS: self.models[model],
-                                        CONFIG: ConfigRecord(dict(config))}),
-                            dst_node_id=node, message_type=EVALUATE) for node, model in plan]
-        replies = collect_reply_list(grid, messages, self.reply_timeout)
+        nodes = self.sample_evaluate(grid, self.eval_rng)
+        screened = self.evaluate_groups(server_round, grid, config, [
+            (node, model, self.models[model]) for node in nodes
+            for model in ([self.choice[node]] if node in self.choice else range(self.k))
+        ]).screened
+        replies: dict[int, list[tuple[int, Message]]] = {}
+        for node, model, reply in screened.sound:
+            replies.setdefault(node, []).append((model, reply))
         scored: list[tuple[int, RecordDict]] = []
-        rejected: dict[int, str] = {}
-        inferred = 0
+        rejected = screened.rejected()
         for node in nodes:
-            mine = [(m, r) for (n, m), r in zip(plan, replies, strict=True) if n == node]
-            model, content, problem = self.node_score(mine)
-            if content is None:
-                rejected[node] = cast(str, problem)
-                log(WARNING, "IFCA evaluation: rejected node %d: %s", node, problem)
+            if node in screened.problems:
+                rejected.setdefault(node, "; ".join(screened.problems[node]))
                 continue
-            scored.append((model, content))
-            inferred += node not in self.choice
-        result: dict[str, Any] = {}
-        if scored:
-            result.update(self.evaluate_metrics_aggr_fn([c for _, c in scored],
-                                                        self.weighted_by_key))
-            result.update({"eval-inferred": inferred, "eval-clients": len(scored),
-                           "eval-time": time.monotonic() - started})
-        self.model_metrics = {
-            model: dict(self.evaluate_metrics_aggr_fn(
-                [c for m, c in scored if m == model], self.weighted_by_key))
-            for model in sorted({m for m, _ in scored})}
-        metrics = MetricRecord(result) if scored else None
-        self._record(server_round, EVALUATE, metrics, len(scored), rejected)
-        return metrics
-
-    def node_score(self, replies: Sequence[tuple[int, Message | None]]
-                   ) -> tuple[int, RecordDict | None, str | None]:
-        """(model, reply content, problem) of a node's evaluation: its one reply, or the
-        reply of the lowest loss among k.
-        """
-        if len(replies) == 1:
-            model, reply = replies[0]
-            problem = ("no reply within the round's timeout" if reply is None else
-                       reply_problem(reply, reference=None,
-                                     weighted_by_key=self.weighted_by_key,
-                                     require_arrays=False))
-            return model, (None if problem or reply is None else reply.content), problem
-        losses, problem = self.plain_losses([r for _, r in replies])
-        if losses is None:
-            return -1, None, problem
-        best = pick_model(losses)
-        return best, cast(Message, replies[best][1]).content, None
+            mine = replies[node]
+            if len(mine) > 1:  # a node that never chose: the model of lowest loss
+                losses, problem = self.plain_losses([r for _, r in mine])
+                if losses is None:
+                    rejected[node] = cast(str, problem)
+                    log(WARNING, "IFCA round %d: rejected reply from node %d: %s",
+                        server_round, node, problem)
+                    continue
+                mine = [mine[pick_model(losses)]]
+            scored.append((mine[0][0], mine[0][1].content))
+        inferred = sum(1 for node in nodes if node not in self.choice and node not in rejected)
+        evaluation = self.record_evaluation(server_round, scored, rejected, started, {
+            "eval-inferred": inferred, "eval-clients": len(scored),
+            "eval-time": time.monotonic() - started})
+        self.model_metrics = evaluation.by_group
+        return evaluation.metrics
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each model with the nodes that last chose it and its last evaluation."""

@@ -16,12 +16,13 @@ from flwr.serverapp import Grid
 
 from ..protocol import METRICS, SERVER_ROUND, TRAIN
 from .exchange import MAX_POLL_INTERVAL
-from .fedavg import GroupModel, ServerSideRound, average_arrays
+from .fedavg import GroupModel, average_arrays
 from .metrics import MetricsAggregation
 from .node_registry import NodeRegistry, node_label
 from .params import Param, Spec, non_negative, positive
 from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
 from .rounds import TrainResult
+from .server_round import ServerSideRound
 from .state import NodeMap, StrategyState, generator_state, set_generator_state
 
 
@@ -80,7 +81,7 @@ class RelayStrategy(ServerSideRound):
     seed : int (default: 0)
         Seed of the strategy's own random choices (grouping, sampling, order).
     **kwargs : Any
-        :class:`~fedgsp_flwr.strategies.fedavg.ServerSideRound`'s and FedAvg's
+        :class:`~fedgsp_flwr.strategies.server_round.ServerSideRound`'s and FedAvg's
         parameters (sampling of evaluation nodes, keys, ...), among them
         ``train_timeout`` (float, default 3600.0): seconds a node may take for one hop
         before it is skipped (capped by ``start()``'s ``timeout``).

@@ -46,12 +46,7 @@ from ..protocol import (
 )
 from .decoding import values
 from .exchange import collect_reply_list, screen, unreachable
-from .fedavg import (
-    GroupModel,
-    ServerSideRound,
-    array_bytes,
-    average_arrays,
-)
+from .fedavg import GroupModel, array_bytes, average_arrays
 from .hook_support import HookSupport
 from .metrics import renamed, reply_metrics
 from .node_queries import agreed_vectors, query_partitions, reply_vector, vector_problem
@@ -59,6 +54,7 @@ from .node_registry import node_label
 from .params import Param, Spec, non_negative
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
+from .server_round import ServerSideRound
 from .state import (
     NodeMap,
     StrategyState,
@@ -104,6 +100,8 @@ PARAMS = Spec("StoCFL", (
     Param("seed", 0, "seed of node sampling and the hold-out draw (the app: its seed)",
           non_negative, ">= 0"),
 ))
+
+OWN = "own"  # an evaluated node's own model (its cluster's, inferred, or w)
 
 # State-dict entries of a torch model that are buffers, not parameters (no gradient).
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -471,7 +469,7 @@ class StoCFL(ServerSideRound):
         replies = query_partitions(grid, new, self.query_timeout, self.hooks)
         self.partition_ids.update(replies.partition_ids)
 
-    def sample_train(self, connected: Sequence[int]) -> list[int]:
+    def sample_not_held_out(self, connected: Sequence[int]) -> list[int]:
         """Draw the hold-out of newly connected nodes, then sample the training nodes
         (both in partition-id order).
         """
@@ -493,7 +491,7 @@ class StoCFL(ServerSideRound):
         self._train_config = config
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
         self.learn_partitions(grid, connected)
-        sampled = self.sample_train(self.reachable(grid, connected))
+        sampled = self.sample_not_held_out(self.reachable(grid, connected))
         merges = self.cluster_new(grid, sampled)
         train_config = ConfigRecord(dict(config))
         train_config[SERVER_ROUND] = server_round
@@ -621,23 +619,20 @@ class StoCFL(ServerSideRound):
             {**self.eval_partitions, **self.partition_ids}),
             self.fraction_evaluate, self.min_evaluate_nodes, self.eval_rng)
         models, inferred = self.eval_models(grid, nodes, arrays)
-        messages = []
-        for node, own in zip(nodes, models, strict=True):
-            for model in (own, arrays):
-                content = RecordDict({ARRAYS: model, CONFIG: ConfigRecord(dict(config))})
-                messages.append(Message(content, dst_node_id=node, message_type=EVALUATE))
-        replies = collect_reply_list(grid, messages, self.reply_timeout)
+        screened = self.evaluate_groups(server_round, grid, config, [
+            (node, kind, model) for node, own in zip(nodes, models, strict=True)
+            for kind, model in ((OWN, own), (GLOBAL, arrays))]).screened
+        scores: dict[int, dict[str, RecordDict]] = {}
+        for node, kind, reply in screened.sound:
+            scores.setdefault(node, {})[kind] = reply.content
         subsets: dict[str, list[RecordDict]] = {}
         by_cluster: dict[int, list[RecordDict]] = {}
         rejected: dict[int, str] = {}
-        for i, node in enumerate(nodes):
-            pair = replies[2 * i: 2 * i + 2]
-            problem = next((p for p in map(self.eval_reply_problem, pair) if p), None)
-            if problem is not None:
-                rejected[node] = problem
-                log(WARNING, "StoCFL evaluation: rejected node %d: %s", node, problem)
+        for node in nodes:
+            if node in screened.problems:  # both scores or none
+                rejected[node] = "; ".join(screened.problems[node])
                 continue
-            own_reply, global_reply = (cast(Message, r).content for r in pair)
+            own_reply, global_reply = scores[node][OWN], scores[node][GLOBAL]
             group = "trained" if node in self.trained else "new"
             for label, content in (("", own_reply), (GLOBAL, global_reply),
                                    (group, own_reply), (f"global-{group}", global_reply)):
@@ -708,13 +703,6 @@ class StoCFL(ServerSideRound):
             return {}
         placements = self.clustering.infer_all(np.stack(list(usable.values())))
         return {n: cast(int, p.nearest) for n, p in zip(usable, placements, strict=True)}
-
-    def eval_reply_problem(self, reply: Message | None) -> str | None:
-        """Why an evaluation reply is unusable, or ``None`` (never its metric names)."""
-        if reply is None:
-            return "no reply within the round's timeout"
-        return reply_problem(reply, reference=None, weighted_by_key=self.weighted_by_key,
-                             require_arrays=False)
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each cluster's model theta_k with its members and last evaluation, by cluster
