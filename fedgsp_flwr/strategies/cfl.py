@@ -33,7 +33,6 @@ from .fedavg import GroupModel, average_arrays
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import Param, Spec, non_negative, positive
-from .replies import reply_problem
 from .rounds import TrainResult
 from .server_round import ServerSideRound
 from .state import (
@@ -332,9 +331,7 @@ class CFL(ServerSideRound):
         train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         exchanged = self.exchange(server_round, grid, plan, self.train_messages(
             ((node, records[t]) for node, t in plan), train_config),
-            lambda t, reply: reply_problem(reply, reference=records[t],
-                                           weighted_by_key=self.weighted_by_key,
-                                           require_arrays=True))
+            self.train_problem(lambda t: records[t]))
         fits: dict[int, dict[int, Message]] = {}
         for node, t, reply in exchanged.screened.sound:
             fits.setdefault(node, {})[t] = reply

@@ -7,10 +7,9 @@ from logging import INFO, WARNING
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.edge_assignment import (
     POLICIES,
@@ -23,13 +22,11 @@ from ..core.edge_assignment import (
     paper_topology,
     warm_start,
 )
-from ..protocol import ARRAYS, CONFIG, LOCAL_STEPS, SERVER_ROUND, TRAIN
-from .exchange import collect_replies
-from .fedavg import GroupModel, array_bytes, average_arrays, check_parameters
+from ..protocol import LOCAL_STEPS, SERVER_ROUND
+from .fedavg import GroupModel, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .node_registry import NodeRegistry
 from .params import Param, Spec, non_negative, positive
-from .replies import filter_replies
 from .rounds import TrainResult
 from .server_round import ServerSideRound
 from .state import (
@@ -272,10 +269,9 @@ class HierFL(ServerSideRound):
 
     def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                     grid: Grid, timeout: float) -> TrainResult:
-        """Run the cloud round's ``tau2`` edge rounds; the result waits for aggregate_train."""
+        """Run the cloud round's ``tau2`` edge rounds, then average the edges' models."""
         started = time.monotonic()
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        users = self.known.reachable(grid, connected)
+        users = self.reachable_nodes(grid)
         self.warn_unfilled(self.num_edges, "edge", len(users), "user",
                            "num_edges (run config hierfl-edges)")
         if set(users) != set(self.edge_of):
@@ -291,39 +287,30 @@ class HierFL(ServerSideRound):
         asked: set[int] = set()
         sent = received = messages = used = 0
         for edge_round in range(self.tau2):
-            train_config = ConfigRecord(dict(config))
-            train_config[SERVER_ROUND] = server_round
-            train_config["edge-round"] = edge_round
-            train_config[LOCAL_STEPS] = self.tau1
-            outgoing = []
-            for edge, model in edge_models.items():
+            train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round,
+                                         "edge-round": edge_round, LOCAL_STEPS: self.tau1})
+            plan: list[tuple[int, int]] = []
+            for edge in edge_models:
                 members = members_of[edge]
                 take = max(1, round(self.fraction_train * len(members)))
                 # Node ids may exceed int64: sample positions, never the ids.
-                for i in sorted(self.rng.choice(len(members), take, replace=False).tolist()):
-                    content = RecordDict({ARRAYS: model, CONFIG: train_config})
-                    outgoing.append(Message(content=content, dst_node_id=members[i],
-                                            message_type=TRAIN))
-            sent += array_bytes(outgoing)
-            messages += len(outgoing)
-            asked.update(m.metadata.dst_node_id for m in outgoing)
-            replies = collect_replies(grid, outgoing, self.reply_timeout)
-            self.known.forget_unanswered((m.metadata.dst_node_id,
-                                          replies.get(m.metadata.dst_node_id))
-                                         for m in outgoing)
-            for edge in edge_models:
-                mine = [replies[u] for u in members_of[edge] if u in replies]
-                received += array_bytes(mine)
-                sound, bad = filter_replies(mine, reference=edge_models[edge],
-                                            weighted_by_key=self.weighted_by_key,
-                                            require_arrays=True, stage=f"edge {edge}")
-                rejected.update(bad)
+                plan.extend((members[i], edge) for i in sorted(
+                    self.rng.choice(len(members), take, replace=False).tolist()))
+            exchanged = self.exchange(server_round, grid, plan, self.train_messages(
+                ((user, edge_models[edge]) for user, edge in plan), train_config),
+                self.train_problem(lambda edge: edge_models[edge]))
+            sent, received = sent + exchanged.sent, received + exchanged.received
+            messages += len(plan)
+            asked.update(user for user, _ in plan)
+            rejected.update(exchanged.screened.rejected())
+            by_edge: dict[int, list[Message]] = {}
+            for _, edge, reply in exchanged.screened.sound:
+                by_edge.setdefault(edge, []).append(reply)
+            for edge, sound in sorted(by_edge.items()):  # an edge without one keeps its model
                 used += len(sound)
-                if not sound:  # nothing trained: the edge keeps its model
-                    continue
                 sound.sort(key=lambda m: rank[m.metadata.src_node_id])  # partition order
                 user_replies.extend(sound)
-                # filter_replies checked the weights: finite numbers > 0
+                # reply_problem checked the weights: finite numbers > 0
                 weights = [float(cast(float, reply_metrics(m.content)[self.weighted_by_key]))
                            for m in sound]
                 edge_models[edge] = average_arrays(

@@ -105,13 +105,17 @@ class ServerSideRound(FedAvg):
 
     # --- the steps of a round ---------------------------------------------------------
 
+    def reachable_nodes(self, grid: Grid) -> list[int]:
+        """Wait for ``min_available_nodes``; the connected nodes not known to be gone,
+        in partition-id order (new ones asked what :attr:`known` asks)."""
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+        return self.known.reachable(grid, connected)
+
     def sample_train(self, grid: Grid, rng: np.random.Generator
                      ) -> tuple[list[int], list[int]]:
-        """Wait for ``min_available_nodes``; return the reachable nodes (partition-id
-        order) and ``fraction_train`` of them (at least ``min_train_nodes``) drawn with
-        ``rng``."""
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
-        reachable = self.known.reachable(grid, connected)
+        """The reachable nodes (:meth:`reachable_nodes`) and ``fraction_train`` of them
+        (at least ``min_train_nodes``) drawn with ``rng``."""
+        reachable = self.reachable_nodes(grid)
         return reachable, sample_share(reachable, self.fraction_train,
                                        self.min_train_nodes, rng)
 
@@ -139,12 +143,16 @@ class ServerSideRound(FedAvg):
         return Exchanged(screened, replies, array_bytes(messages),
                          array_bytes(r for r in replies if r is not None))
 
-    def train_problem(self, reference: ArrayRecord) -> Callable[[Any, Message], str | None]:
+    def train_problem(self, reference: ArrayRecord | Callable[[Any], ArrayRecord]
+                      ) -> Callable[[Any, Message], str | None]:
         """A ``problem`` for :meth:`exchange`: a training reply must carry one model
-        shaped like ``reference`` and a sound weight."""
-        return lambda _, reply: reply_problem(reply, reference=reference,
-                                              weighted_by_key=self.weighted_by_key,
-                                              require_arrays=True)
+        shaped like ``reference`` (or ``reference(key)``, the model its message sent)
+        and a sound weight."""
+        def problem(key: Any, reply: Message) -> str | None:
+            sent = reference(key) if callable(reference) else reference
+            return reply_problem(reply, reference=sent, weighted_by_key=self.weighted_by_key,
+                                 require_arrays=True)
+        return problem
 
     def eval_problem(self, _: Any, reply: Message) -> str | None:
         """A ``problem`` for :meth:`exchange`: an evaluation reply needs a sound weight
