@@ -7,7 +7,9 @@ of our handlers, as that test runs them) runs ``--rounds`` rounds uninterrupted,
 with every training hook and once over the plain handlers. For each run it records a
 SHA-256 of the final model's bytes, of every group model (members, arrays, metrics), of
 every round's metrics (clock metrics aside), of the messages sent (partition, type,
-thread hint) and of the metrics in the returned ``Result``, and prints them as JSON.
+thread hint), of the metrics in the returned ``Result`` and of the strategy's
+checkpoint state after the run (what a checkpoint file holds of it), and prints them as
+JSON.
 ``--against`` compares with an earlier output and exits 1 naming every run and part
 that differs.
 """
@@ -64,6 +66,15 @@ def digest(value: Any) -> str:
     return h.hexdigest()
 
 
+def untimed_tree(value: Any) -> Any:
+    """``value`` without its clock entries (dict keys naming a time) at any depth."""
+    if isinstance(value, dict):
+        return {k: untimed_tree(v) for k, v in base.untimed(value).items()}
+    if isinstance(value, list):
+        return [untimed_tree(v) for v in value]
+    return value
+
+
 def fingerprint(name: str, handlers: tuple[str, ...], rounds: int) -> dict[str, str]:
     base.seed_everything()
     federation, strategy = base.Federation(base.FIRST_IDS, handlers=handlers), \
@@ -79,6 +90,8 @@ def fingerprint(name: str, handlers: tuple[str, ...], rounds: int) -> dict[str, 
             part: {r: base.untimed(dict(m)) for r, m in getattr(result, part).items()}
             for part in ("train_metrics_clientapp", "evaluate_metrics_clientapp",
                          "evaluate_metrics_serverapp")}),
+        "checkpoint": digest({"meta": untimed_tree((state := strategy.checkpoint_state()).meta),
+                              "arrays": state.arrays}),
     }
 
 
