@@ -23,7 +23,6 @@ ALLOWED = {
     ("core/edge_assignment/topology.py", "edges"): "the topology CSV file's header",
     ("strategies/cfl.py", "cluster"): "a field of cfl-clusters.json",
     ("strategies/stocfl.py", "lambda"): "the settings named in clusters.json",
-    ("strategies/stocfl.py", "model-"): "checkpoint array names of the cluster models",
 }
 
 

@@ -400,7 +400,10 @@ def resume(strategy: FedAvg, checkpoint: Checkpoint, grid: Grid, cfg: RunConfig)
     if checkpoint.partitions:
         nodes = sorted(grid.get_node_ids())
         current = query_partitions(grid, nodes, cfg.query_timeout).partition_ids
-    strategy.restore_state(checkpoint.strategy, node_map(checkpoint.partitions, current))
+    try:
+        strategy.restore_state(checkpoint.strategy, node_map(checkpoint.partitions, current))
+    except ValueError as err:  # a state that lacks a declared field
+        raise ConfigError(f"resume-from: {err}") from err
     log(INFO, "Resuming after round %d of %d: %d of %d known nodes found again",
         checkpoint.round, cfg.num_server_rounds,
         len(set(checkpoint.partitions.values()) & set(current.values())),

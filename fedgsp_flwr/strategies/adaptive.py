@@ -38,12 +38,10 @@ from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
 from ..core.arrays import as_dtype
+from . import saved
 from .decoding import values
 from .fedavg import FedAvg, check_parameters, run_checks
 from .progress import TrainingProgress
-from .state import NodeMap, StrategyState
-
-_MOMENTS = ("m_t", "v_t")
 
 
 class _Validated:
@@ -53,6 +51,9 @@ class _Validated:
     are taken here.
     """
 
+    # The optimizer's moment estimates (None before the first step), in checkpoints:
+    m_t = saved.named_arrays("fedopt-m_t")
+    v_t = saved.named_arrays("fedopt-v_t")
     current_arrays: dict[str, np.ndarray] | None
     progress: TrainingProgress
     eta: float
@@ -94,22 +95,6 @@ class _Validated:
                 else Array(as_dtype(values(a), sent[k].dtype)) for k, a in arrays.items()})
             self.progress.last_trained = arrays  # the step's result, not the average
         return arrays, metrics
-
-    def checkpoint_state(self) -> StrategyState:
-        """What is known of the nodes, plus the optimizer's moment estimates (absent
-        before the first step)."""
-        state: StrategyState = super().checkpoint_state()  # type: ignore[misc]
-        for name in _MOMENTS:
-            if moments := getattr(self, name):
-                state.merge(f"fedopt-{name}", StrategyState({}, dict(moments)))
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
-        super().restore_state(state, node_map)  # type: ignore[misc]
-        for name in _MOMENTS:
-            arrays = state.part(f"fedopt-{name}").arrays
-            setattr(self, name, {k: np.asarray(v) for k, v in arrays.items()} or None)
 
 
 class FedAdagrad(_Validated, FlowerFedAdagrad, FedAvg):

@@ -29,24 +29,14 @@ from ..core.cfl import (
 )
 from ..core.clustering import agreement_scores
 from ..protocol import PARTITION, SERVER_ROUND
+from . import saved
 from .fedavg import GroupModel, average_arrays
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import Param, Spec, non_negative, positive
 from .rounds import TrainResult
 from .server_round import ServerSideRound
-from .state import (
-    NodeMap,
-    StrategyState,
-    from_pairs,
-    generator_state,
-    pairs,
-    prefixed,
-    record_arrays,
-    set_generator_state,
-    to_record,
-    under,
-)
+from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, under
 
 ROOT = 0  # the tree node of the first cluster, which holds every client at the start
 Model = dict[str, np.ndarray]
@@ -180,6 +170,14 @@ class CFL(ServerSideRound):
         ``fraction_evaluate``, ``min_available_nodes``, ...).
     """
 
+    # The state a checkpoint saves (node ids translated on resume), beside the splits
+    # (checkpoint_state):
+    rng = saved.generator("cfl-rng")
+    eval_rng = saved.generator("cfl-eval-rng")
+    position: saved.Saved[dict[int, int]] = saved.node_map("position")  # node -> tree node
+    leaves = saved.arrays_by_id("leaves", "leaf")  # cluster (a leaf of the tree) -> model
+    next_id: saved.Saved[int] = saved.value("next-id", lambda: ROOT + 1, int)
+
     def __init__(
         self,
         *,
@@ -203,10 +201,7 @@ class CFL(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.leaves: dict[int, Model] = {}  # cluster (leaf of the tree) -> its model
         self.splits: dict[int, SplitNode] = {}  # inner nodes of the tree
-        self.position: dict[int, int] = {}  # node -> its tree node (absent: ROOT)
-        self.next_id = ROOT + 1
         self.leaf_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self._warned_partial = False
 
@@ -224,22 +219,10 @@ class CFL(ServerSideRound):
     # --- checkpoint -------------------------------------------------------------------
 
     def checkpoint_state(self) -> StrategyState:
-        """The tree (cluster models, splits with their cached models and directions),
-        every node's place in it and the random generators, beside what is known of
-        the nodes.
-        """
+        """The declared state, and the splits with their cached models and directions."""
         state = super().checkpoint_state()
-        state.meta.update({
-            "cfl-rng": generator_state(self.rng),
-            "cfl-eval-rng": generator_state(self.eval_rng),
-            "position": pairs(self.position),
-            "leaves": sorted(self.leaves),
-            "splits": [[t, *s.children, s.server_round, s.alpha_cross, s.gamma, *s.sizes]
-                       for t, s in sorted(self.splits.items())],
-            "next-id": self.next_id,
-        })
-        for leaf, model in self.leaves.items():
-            state.arrays.update(prefixed(model, f"leaf-{leaf}"))
+        state.meta["splits"] = [[t, *s.children, s.server_round, s.alpha_cross, s.gamma,
+                                 *s.sizes] for t, s in sorted(self.splits.items())]
         for t, split in self.splits.items():
             state.arrays.update(prefixed(split.model, f"split-{t}"))
             state.arrays[f"directions-{t}"] = split.directions
@@ -248,18 +231,13 @@ class CFL(ServerSideRound):
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`, node ids translated by ``node_map``."""
         super().restore_state(state, node_map)
-        meta, arrays = state.meta, state.arrays
-        set_generator_state(self.rng, meta["cfl-rng"])
-        set_generator_state(self.eval_rng, meta["cfl-eval-rng"])
-        self.position = from_pairs(meta["position"], node_map)
-        self.leaves = {int(leaf): _copy(under(arrays, f"leaf-{leaf}"))
-                       for leaf in meta["leaves"]}
+        arrays = state.arrays
         self.splits = {
-            int(t): SplitNode(_copy(under(arrays, f"split-{t}")), (int(a), int(b)),
+            int(t): SplitNode({k: np.array(v) for k, v in under(arrays, f"split-{t}").items()},
+                              (int(a), int(b)),
                               np.array(arrays[f"directions-{t}"], dtype=np.float32),
                               int(r), float(alpha), float(gamma), (int(n1), int(n2)))
-            for t, a, b, r, alpha, gamma, n1, n2 in meta["splits"]}
-        self.next_id = int(meta["next-id"])
+            for t, a, b, r, alpha, gamma, n1, n2 in state.meta["splits"]}
 
     # --- the tree ---------------------------------------------------------------------
 
@@ -516,7 +494,3 @@ class CFL(ServerSideRound):
                                 for k, v in model.items()})
             files["cfl-clusters.npz"] = buffer.getvalue()
         return files
-
-
-def _copy(arrays: Mapping[str, np.ndarray]) -> Model:
-    return {k: np.array(v) for k, v in arrays.items()}

@@ -36,6 +36,7 @@ from .params import Param, Spec, non_negative
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .rounds import EvaluateFn, TrainResult, run_rounds
+from .saved import load_declared, save_declared
 from .state import NodeMap, StrategyState
 
 
@@ -353,16 +354,24 @@ class FedAvg(FlowerFedAvg):
     # --- checkpoint (written and read by fedgsp_flwr.app.checkpoint) -------------------
 
     def checkpoint_state(self) -> StrategyState:
-        """The state to save after a round: what is known of the nodes."""
+        """The state to save after a round: what is known of the nodes, and every
+        attribute the strategy declares :class:`~fedgsp_flwr.strategies.state.Saved`."""
         state = StrategyState()
         state.merge("known", self.known.checkpoint_state())
+        save_declared(self, state)
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`, node ids translated by ``node_map`` (a
         checkpoint of an older version without the nodes' state leaves them to be
         asked again).
+
+        Raises
+        ------
+        ValueError
+            If ``state`` lacks a declared attribute (another strategy's state).
         """
+        load_declared(self, state, node_map)
         if (known := state.part("known")).meta:
             self.known.restore_state(known, node_map)
 

@@ -21,10 +21,10 @@ from ..core.grouping import (
     sample_groups,
     shuffled,
 )
+from . import saved
 from .fedavg import check_parameters
 from .params import Param, Spec, positive
 from .sequential import RelayStrategy
-from .state import NodeMap, StrategyState
 
 GROUPINGS = ("icg", "random")
 PARAMS = Spec("FedGSP", (
@@ -111,6 +111,9 @@ class FedGSP(RelayStrategy):
 
     histogram_fallback = ("nodes without a histogram are grouped at random (no ICG)")
 
+    # The state a checkpoint saves (node ids translated on resume):
+    groups = saved.node_lists("fedgsp-groups")  # the static groups, in training order
+
     def __init__(
         self,
         *,
@@ -141,7 +144,6 @@ class FedGSP(RelayStrategy):
         self.icg_normalize, self.icg_balance = icg_normalize, icg_balance
         self.cpd_sigma = cpd_sigma
         self.static_groups = num_groups is not None if static_groups is None else static_groups
-        self.groups: list[list[int]] | None = None  # the static groups, in training order
         self._connected = 0
 
     def summary(self) -> None:
@@ -155,19 +157,6 @@ class FedGSP(RelayStrategy):
     def traffic_estimate(self, model_bytes: int) -> dict[str, float]:
         """The paper's traffic per round (Eq. 17 with R = 1): 2 kappa K |model| bytes."""
         return {"bytes-estimate": 2.0 * self.kappa * self._connected * model_bytes}
-
-    def checkpoint_state(self) -> StrategyState:
-        """The static groups, beside the relay's state."""
-        state = super().checkpoint_state()
-        if self.groups is not None:
-            state.meta["fedgsp-groups"] = self.groups
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
-        super().restore_state(state, node_map)
-        groups = state.meta.get("fedgsp-groups")
-        self.groups = None if groups is None else [[node_map(n) for n in g] for g in groups]
 
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
         """This round's groups (regrouped, or the static ones), the sampled groups with

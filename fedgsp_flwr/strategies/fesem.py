@@ -17,24 +17,14 @@ from flwr.serverapp import Grid
 from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
 from ..protocol import PARTITION, SERVER_ROUND
+from . import saved
 from .fedavg import GroupModel, check_parameters
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import Param, Spec, non_negative, positive
 from .rounds import TrainResult
 from .server_round import ServerSideRound
-from .state import (
-    NodeMap,
-    StrategyState,
-    from_pairs,
-    generator_state,
-    pairs,
-    prefixed,
-    record_arrays,
-    set_generator_state,
-    to_record,
-    under,
-)
+from .state import NodeMap, StrategyState, record_arrays, to_record
 
 NEW_CLIENTS = ("probe", "initial")
 PARAMS = Spec("FeSEM", (
@@ -111,6 +101,13 @@ class FeSEM(ServerSideRound):
         ...).
     """
 
+    # The state a checkpoint saves (node ids translated on resume):
+    rng = saved.generator("fesem-rng")  # node sampling, k-means++
+    eval_rng = saved.generator("fesem-eval-rng")
+    assignment: saved.Saved[dict[int, int]] = saved.node_map("assignment")  # node -> centre
+    start_model = saved.record("start")  # the initial model
+    centres = saved.array("centres", np.float32)  # one row per centre
+
     def __init__(
         self,
         *,
@@ -139,9 +136,6 @@ class FeSEM(ServerSideRound):
         self.eval_rng = np.random.default_rng([seed, 1])
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
         self.layout: Layout | None = None
-        self.start_model: ArrayRecord | None = None
-        self.centres: np.ndarray | None = None
-        self.assignment: dict[int, int] = {}
 
     def registry(self) -> NodeRegistry:
         """Partition ids only (see :meth:`FedAvg.registry`)."""
@@ -154,34 +148,11 @@ class FeSEM(ServerSideRound):
             "example-weighted" if self.weighted else "plain-mean")
         super().summary()
 
-    # --- checkpoint -------------------------------------------------------------------
-
-    def checkpoint_state(self) -> StrategyState:
-        """The centres, the assignment, the initial model and the random generators,
-        beside what is known of the nodes.
-        """
-        state = super().checkpoint_state()
-        state.meta.update({"fesem-rng": generator_state(self.rng),
-                           "fesem-eval-rng": generator_state(self.eval_rng),
-                           "assignment": pairs(self.assignment)})
-        if self.start_model is not None:
-            state.arrays.update(prefixed(record_arrays(self.start_model), "start"))
-        if self.centres is not None:
-            state.arrays["centres"] = self.centres
-        return state
-
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
+        """Take back the checkpoint state, and the initial model's layout."""
         super().restore_state(state, node_map)
-        meta = state.meta
-        set_generator_state(self.rng, meta["fesem-rng"])
-        set_generator_state(self.eval_rng, meta["fesem-eval-rng"])
-        self.assignment = from_pairs(meta["assignment"], node_map)
-        if start := under(state.arrays, "start"):
-            self.start_model = to_record(start)
-            self.layout = Layout.of(start)
-        centres = state.arrays.get("centres")
-        self.centres = None if centres is None else centres.astype(np.float32)
+        if self.start_model is not None:
+            self.layout = Layout.of(record_arrays(self.start_model))
 
     # --- centres ----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from ..core.edge_assignment import (
     warm_start,
 )
 from ..protocol import LOCAL_STEPS, SERVER_ROUND
+from . import saved
 from .fedavg import GroupModel, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .node_registry import NodeRegistry
@@ -32,10 +33,6 @@ from .server_round import ServerSideRound
 from .state import (
     NodeMap,
     StrategyState,
-    from_pairs,
-    generator_state,
-    pairs,
-    set_generator_state,
 )
 
 PARAMS = Spec("HierFL", (
@@ -115,6 +112,14 @@ class HierFL(ServerSideRound):
         FedAvg parameters (``fraction_train``, ``min_available_nodes``, ...).
     """
 
+    # The state a checkpoint saves (node ids translated on resume), beside the topology
+    # generated for the users (checkpoint_state):
+    rng = saved.generator("hierfl-rng")
+    users = saved.node_list("users")  # in user index order
+    edge_of: saved.Saved[dict[int, int]] = saved.node_map("edge-of")
+    _assignment_metrics: saved.Saved[dict[str, float]] = saved.value(
+        "assignment-metrics", dict, dict)
+
     def __init__(
         self,
         *,
@@ -145,10 +150,7 @@ class HierFL(ServerSideRound):
         self.tau1, self.tau2 = tau1, tau2
         self.time_limit, self.size_tolerance = time_limit, size_tolerance
         self.rng = np.random.default_rng(seed)
-        self.users: list[int] = []  # node ids, user index order
-        self.edge_of: dict[int, int] = {}
         self._generated: dict[int, tuple[np.ndarray, int]] = {}  # node -> (reach, original)
-        self._assignment_metrics: dict[str, float] = {}
         self.edge_models: dict[int, ArrayRecord] = {}
 
     def registry(self) -> NodeRegistry:
@@ -168,17 +170,11 @@ class HierFL(ServerSideRound):
     # --- checkpoint -------------------------------------------------------------------
 
     def checkpoint_state(self) -> StrategyState:
-        """The assignment, the generated topology and the random generator, beside what
-        is known of the nodes.
-        """
+        """The declared state, and the topology generated for the users so far."""
         state = super().checkpoint_state()
         nodes = list(self._generated)
-        state.meta.update({
-            "hierfl-rng": generator_state(self.rng), "users": list(self.users),
-            "edge-of": pairs(self.edge_of), "generated-nodes": nodes,
-            "generated-original": [self._generated[n][1] for n in nodes],
-            "assignment-metrics": dict(self._assignment_metrics),
-        })
+        state.meta.update({"generated-nodes": nodes,
+                           "generated-original": [self._generated[n][1] for n in nodes]})
         state.arrays["generated-reach"] = (
             np.stack([self._generated[n][0] for n in nodes]) if nodes
             else np.zeros((0, self.num_edges), dtype=bool))
@@ -187,15 +183,10 @@ class HierFL(ServerSideRound):
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`."""
         super().restore_state(state, node_map)
-        meta = state.meta
-        set_generator_state(self.rng, meta["hierfl-rng"])
-        self.users = [node_map(u) for u in meta["users"]]
-        self.edge_of = from_pairs(meta["edge-of"], node_map)
         self._generated = {
             node_map(n): (reach.astype(bool), int(original)) for n, reach, original in zip(
-                meta["generated-nodes"], state.arrays["generated-reach"],
-                meta["generated-original"], strict=True)}
-        self._assignment_metrics = dict(meta["assignment-metrics"])
+                state.meta["generated-nodes"], state.arrays["generated-reach"],
+                state.meta["generated-original"], strict=True)}
 
     # --- assignment -------------------------------------------------------------------
 

@@ -17,13 +17,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..protocol import EVALUATE, TRAIN
+from . import saved
 from .exchange import collect_reply_list
 from .fedavg import FedAvg, array_bytes
 from .hook_support import HookSupport, missing_handler
 from .replies import error_text
 from .rounds import TrainResult
 from .server_round import ServerSideRound
-from .state import NodeMap, StrategyState, from_pairs, pairs
 
 
 def retyped(message: Message, message_type: str) -> Message:
@@ -74,6 +74,11 @@ class HookedTrain(ServerSideRound):
         Nodes whose ClientApp has no ``train_type`` handler, with why.
     """
 
+    # The state a checkpoint saves (node ids translated on resume):
+    hooks: saved.Saved[HookSupport] = saved.learnt("hooks")  # the handlers found missing
+    plain: saved.Saved[dict[int, str]] = saved.node_map("plain", optional=True)  # -> why
+    _plain_eval = saved.node_set("plain-eval", optional=True)  # lack evaluate_type alone
+
     def __init__(self, *, owner: str, train_type: str, fallbacks: Mapping[str, str],
                  hooked_metric: str, evaluate_type: str | None = None, **kwargs: Any
                  ) -> None:
@@ -81,24 +86,8 @@ class HookedTrain(ServerSideRound):
         self.owner, self.train_type, self.hooked_metric = owner, train_type, hooked_metric
         self.evaluate_type = evaluate_type
         self.hooks = HookSupport(owner, fallbacks)
-        self.plain: dict[int, str] = {}
-        self._plain_eval: set[int] = set()  # nodes without the evaluate_type handler alone
 
     # --- checkpoint -------------------------------------------------------------------
-
-    def checkpoint_state(self) -> StrategyState:
-        """What is known of the nodes' handlers (the types, the nodes without them)."""
-        state = super().checkpoint_state()
-        state.meta.update({"hooks": self.hooks.state(), "plain": pairs(self.plain),
-                           "plain-eval": sorted(self._plain_eval)})
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
-        super().restore_state(state, node_map)
-        self.hooks.restore(state.meta.get("hooks", {}))
-        self.plain = from_pairs(state.meta.get("plain", []), node_map)
-        self._plain_eval = {node_map(n) for n in state.meta.get("plain-eval", [])}
 
     # --- messages ---------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from ..protocol import (
     TRAIN_IFCA,
     ifca_model_record,
 )
+from . import saved
 from .exchange import collect_reply_list, screen
 from .fedavg import GroupModel, array_bytes, average_arrays, check_parameters
 from .hook_support import HookSupport, missing_handler
@@ -48,18 +49,7 @@ from .params import Param, Spec, non_negative, positive
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
 from .server_round import ServerSideRound
-from .state import (
-    NodeMap,
-    StrategyState,
-    from_pairs,
-    generator_state,
-    pairs,
-    prefixed,
-    record_arrays,
-    set_generator_state,
-    to_record,
-    under,
-)
+from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, under
 
 FALLBACK = ("each node scores the k models with k plain 'evaluate' messages (on its "
             "evaluation data, not its training data) and trains the one with the lowest "
@@ -193,6 +183,16 @@ class IFCA(ServerSideRound):
         Nodes without a ``train.ifca`` handler (they take the fallback), with why.
     """
 
+    # The state a checkpoint saves (node ids translated on resume), beside the k
+    # models (checkpoint_state):
+    rng = saved.generator("ifca-rng")  # node sampling, warm-up groups
+    eval_rng = saved.generator("ifca-eval-rng")
+    choice: saved.Saved[dict[int, int]] = saved.node_map("choice")  # the last choice
+    plain: saved.Saved[dict[int, str]] = saved.node_map("plain")  # no train.ifca: why
+    warmup_group: saved.Saved[dict[int, int]] = saved.node_map("warmup-groups")
+    rounds_run: saved.Saved[int] = saved.value("rounds-run", int, int)
+    hooks: saved.Saved[HookSupport] = saved.learnt("hooks")
+
     def __init__(
         self,
         *,
@@ -227,10 +227,6 @@ class IFCA(ServerSideRound):
         self.hooks = HookSupport("IFCA", {TRAIN_IFCA: FALLBACK})
         self.models: list[ArrayRecord] = []
         self.head: list[str] | None = None
-        self.choice: dict[int, int] = {}
-        self.plain: dict[int, str] = {}
-        self.warmup_group: dict[int, int] = {}
-        self.rounds_run = 0
         self.model_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by model
 
     def registry(self) -> NodeRegistry:
@@ -247,19 +243,10 @@ class IFCA(ServerSideRound):
     # --- checkpoint -------------------------------------------------------------------
 
     def checkpoint_state(self) -> StrategyState:
-        """The k models, the choices, the plain nodes, the warm-up groups, the rounds
-        run and the random generators, beside what is known of the nodes.
-        """
+        """The declared state, and the k models."""
         state = super().checkpoint_state()
-        state.meta.update({
-            "ifca-rng": generator_state(self.rng),
-            "ifca-eval-rng": generator_state(self.eval_rng),
-            "choice": pairs(self.choice), "plain": pairs(self.plain),
-            "warmup-groups": pairs(self.warmup_group), "rounds-run": self.rounds_run,
-            "hooks": self.hooks.state(),
-            "models": len(self.models),
-            "model-keys": list(self.models[0].keys()) if self.models else [],
-        })
+        state.meta.update({"models": len(self.models),
+                           "model-keys": list(self.models[0].keys()) if self.models else []})
         for index, model in enumerate(self.models):
             state.arrays.update(prefixed(record_arrays(model), ifca_model_record(index)))
         return state
@@ -267,17 +254,9 @@ class IFCA(ServerSideRound):
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`."""
         super().restore_state(state, node_map)
-        meta = state.meta
-        set_generator_state(self.rng, meta["ifca-rng"])
-        set_generator_state(self.eval_rng, meta["ifca-eval-rng"])
-        self.choice = from_pairs(meta["choice"], node_map)
-        self.plain = from_pairs(meta["plain"], node_map)
-        self.warmup_group = from_pairs(meta["warmup-groups"], node_map)
-        self.rounds_run = int(meta["rounds-run"])
-        self.hooks.restore(meta.get("hooks", {}))
-        keys = list(meta["model-keys"])
+        keys = list(state.meta["model-keys"])
         self.models = []
-        for index in range(int(meta["models"])):
+        for index in range(int(state.meta["models"])):
             arrays = under(state.arrays, ifca_model_record(index))
             self.models.append(to_record({key: arrays[key] for key in keys}))
         self.head = head_arrays(keys, self.head_layers) if self.models else None

@@ -19,10 +19,11 @@ from flwr.serverapp import Grid
 from ..core.sampling import partition_order
 from ..grids import GridView
 from ..protocol import EDGES, HISTOGRAM, PARTITION
+from . import saved
 from .exchange import unreachable
 from .hook_support import MISSING_HANDLER_TEXT, HookSupport
 from .node_queries import query_histograms, query_partitions
-from .state import NodeMap, StrategyState, from_pairs, pairs, stack_rows
+from .state import NodeMap, StrategyState, stack_rows
 
 # What IFCA, CFL and FeSEM do for nodes that state no partition id (asks="partition").
 PARTITION_FALLBACK = ("nodes are ordered by node id (no partition ids: the order differs "
@@ -86,6 +87,13 @@ class NodeRegistry:
         Nodes that did not answer their last query at all (asked again next time).
     """
 
+    # What a checkpoint saves (node ids translated on resume), beside the histograms:
+    without: saved.Saved[dict[int, str]] = saved.node_map("without")
+    partition_ids: saved.Saved[dict[int, int]] = saved.node_map("partition-ids")
+    edges: saved.Saved[dict[int, list[int]]] = saved.node_map(EDGES)
+    cluster_ids: saved.Saved[dict[int, int]] = saved.node_map("cluster-ids")
+    unreachable = saved.node_set("unreachable")
+
     def __init__(self, owner: str, timeout: float,
                  fallback: str = "nodes without a histogram are placed at random",
                  asks: str = HISTOGRAM, absent: str = "they sit out until they do",
@@ -98,11 +106,6 @@ class NodeRegistry:
         self.message_type = f"query.{asks}"
         self.hooks = HookSupport(owner, {self.message_type: fallback}, missing_level)
         self.histograms: dict[int, np.ndarray] = {}
-        self.without: dict[int, str] = {}
-        self.partition_ids: dict[int, int] = {}
-        self.edges: dict[int, list[int]] = {}
-        self.cluster_ids: dict[int, int] = {}
-        self.unreachable: set[int] = set()
 
     def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
         """Ask the nodes not seen before (or forgotten) the registry's query.
@@ -184,22 +187,16 @@ class NodeRegistry:
     def checkpoint_state(self) -> StrategyState:
         """Everything known of the nodes (see :mod:`fedgsp_flwr.checkpoint`)."""
         nodes, matrix = stack_rows(self.histograms)
-        meta = {"histogram-nodes": nodes, "without": pairs(self.without),
-                "partition-ids": pairs(self.partition_ids), EDGES: pairs(self.edges),
-                "cluster-ids": pairs(self.cluster_ids), "unreachable": sorted(self.unreachable)}
-        return StrategyState(meta, {"histograms": matrix})
+        state = StrategyState({"histogram-nodes": nodes}, {"histograms": matrix})
+        saved.save_declared(self, state)
+        return state
 
     def restore_state(self, state: StrategyState, nodes: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`, node ids translated by ``nodes``."""
-        meta = state.meta
+        saved.load_declared(self, state, nodes)
         self.histograms = {nodes(n): row.astype(np.int64) for n, row in
-                           zip(meta["histogram-nodes"], state.arrays["histograms"],
+                           zip(state.meta["histogram-nodes"], state.arrays["histograms"],
                                strict=True)}
-        self.without = from_pairs(meta["without"], nodes)
-        self.partition_ids = from_pairs(meta["partition-ids"], nodes)
-        self.edges = from_pairs(meta[EDGES], nodes)
-        self.cluster_ids = from_pairs(meta["cluster-ids"], nodes)
-        self.unreachable = {nodes(n) for n in meta["unreachable"]}
 
 
 class PartitionOrderGrid(GridView):

@@ -22,10 +22,10 @@ from ..core.cluster_rules import (
     static_clusters,
 )
 from ..protocol import CLUSTER_ID, PARTITION_ID
+from . import saved
 from .fedavg import GroupModel, check_parameters
 from .params import Param, Spec, non_negative, positive
 from .sequential import RelayStrategy
-from .state import NodeMap, StrategyState
 
 CLUSTER_SOURCES = (*CLUSTER_RULES, "node-config", "file")
 PARAMS = Spec("SemiFL", (
@@ -125,6 +125,9 @@ class SemiFL(RelayStrategy):
     histogram_fallback = ("nodes without a histogram join the clusters in node order, "
                           "cluster_size each (no label rule)")
 
+    # The state a checkpoint saves (node ids translated on resume):
+    clusters = saved.node_lists_by_id("clusters")  # cluster -> its members
+
     def __init__(
         self,
         *,
@@ -151,25 +154,12 @@ class SemiFL(RelayStrategy):
         self.source, self.cluster_size, self.offset = clusters, cluster_size, offset
         self.assignment = dict(assignment or {})
         self.shuffle_order = shuffle_order
-        self.clusters: dict[int, list[int]] = {}
 
     def summary(self) -> None:
         """Log Semi-FL's settings, then the relay's and FedAvg's."""
         log(INFO, "\t├──> SemiFL: %s clusters of %d, %s order", self.source,
             self.cluster_size, "shuffled" if self.shuffle_order else "fixed")
         super().summary()
-
-    def checkpoint_state(self) -> StrategyState:
-        """The static clusters, beside the relay's state."""
-        state = super().checkpoint_state()
-        state.meta["clusters"] = [[c, list(m)] for c, m in self.clusters.items()]
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
-        super().restore_state(state, node_map)
-        self.clusters = {int(c): [node_map(n) for n in members]
-                         for c, members in state.meta["clusters"]}
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each cluster's model (its head's, after the last round's chain), by cluster."""

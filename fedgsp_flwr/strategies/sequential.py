@@ -15,6 +15,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..protocol import METRICS, SERVER_ROUND, TRAIN
+from . import saved
 from .exchange import MAX_POLL_INTERVAL
 from .fedavg import GroupModel, average_arrays
 from .metrics import MetricsAggregation
@@ -23,7 +24,6 @@ from .params import Param, Spec, non_negative, positive
 from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
 from .rounds import TrainResult
 from .server_round import ServerSideRound
-from .state import NodeMap, StrategyState, generator_state, set_generator_state
 
 
 def relay_message_type_problem(message_type: str) -> str | None:
@@ -89,6 +89,13 @@ class RelayStrategy(ServerSideRound):
 
     histogram_fallback = "nodes without a histogram are grouped at random"
 
+    # The state a checkpoint saves (node ids translated on resume):
+    rng = saved.generator("relay-rng")
+    plain_nodes = saved.node_set("relay-plain-nodes", optional=True)  # no relay handler
+    # Every round's chains in hop order, by partition id where known (chains.json).
+    chain_log: saved.Saved[dict[int, list[list[int | str]]]] = saved.int_keyed(
+        "relay-chains", optional=True)
+
     def __init__(
         self,
         *,
@@ -107,10 +114,7 @@ class RelayStrategy(ServerSideRound):
         self.weighted_average = weighted_average
         self.poll_interval = poll_interval
         self.rng = np.random.default_rng(seed)
-        self.plain_nodes: set[int] = set()  # nodes without a relay_message_type handler
         self.last_chains: list[ChainResult] = []
-        # Every round's chains in hop order, by partition id where known (chains.json).
-        self.chain_log: dict[int, list[list[int | str]]] = {}
 
     def registry(self) -> NodeRegistry:
         """Class histograms and partition ids (and Semi-FL's clusters), for grouping."""
@@ -119,23 +123,6 @@ class RelayStrategy(ServerSideRound):
     @abstractmethod
     def make_chains(self, server_round: int, grid: Grid) -> tuple[list[list[int]], dict[str, Any]]:
         """Return this round's chains (node ids in training order) and round metrics."""
-
-    def checkpoint_state(self) -> StrategyState:
-        """The random generator and the nodes that take hops as plain ``train``, beside
-        what is known of the nodes.
-        """
-        state = super().checkpoint_state()
-        state.meta["relay-rng"] = generator_state(self.rng)
-        state.meta["relay-plain-nodes"] = sorted(self.plain_nodes)
-        state.meta["relay-chains"] = [[r, chains] for r, chains in self.chain_log.items()]
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
-        super().restore_state(state, node_map)
-        set_generator_state(self.rng, state.meta["relay-rng"])
-        self.plain_nodes = {node_map(n) for n in state.meta.get("relay-plain-nodes", [])}
-        self.chain_log = {int(r): chains for r, chains in state.meta.get("relay-chains", [])}
 
     def artifacts(self, final: bool) -> dict[str, bytes | str]:
         """``chains.json``: ``{"<round>": [[partition ids in hop order], ...]}`` (a node

@@ -44,6 +44,7 @@ from ..protocol import (
     TRAIN,
     TRAIN_BILEVEL,
 )
+from . import saved
 from .decoding import values
 from .exchange import collect_reply_list, screen, unreachable
 from .fedavg import GroupModel, array_bytes, average_arrays
@@ -55,18 +56,7 @@ from .params import Param, Spec, non_negative
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
 from .server_round import ServerSideRound
-from .state import (
-    NodeMap,
-    StrategyState,
-    from_pairs,
-    generator_state,
-    pairs,
-    prefixed,
-    record_arrays,
-    set_generator_state,
-    to_record,
-    under,
-)
+from .state import NodeMap, StrategyState, prefixed, under
 
 FALLBACKS = {
     QUERY_PARTITION: "nodes are sampled in node-id order, so a seed's samples differ from run "
@@ -204,6 +194,22 @@ class StoCFL(ServerSideRound):
         Sketches of evaluated nodes outside the clustering, for inference only.
     """
 
+    # The state a checkpoint saves (node ids translated on resume), beside the
+    # clustering and the evaluation sketches (checkpoint_state):
+    rng = saved.generator("stocfl-rng")  # node sampling, hold-out
+    eval_rng = saved.generator("stocfl-eval-rng")
+    models = saved.records("models", "model")  # theta_k of the clusters that trained
+    anchor = saved.record("anchor")  # the initial global model: sketches are taken at it
+    plain: saved.Saved[dict[int, str]] = saved.node_map("plain")  # node -> why no sketch
+    partition_ids: saved.Saved[dict[int, int]] = saved.node_map("partition-ids")
+    trained = saved.node_set("trained")
+    held_out = saved.node_set("held-out")
+    _decided = saved.node_set("decided")  # nodes whose hold-out draw is done
+    suspects = saved.node_set("suspects")  # nodes that did not answer their last message
+    hooks: saved.Saved[HookSupport] = saved.learnt("hooks")
+    eval_partitions: saved.Saved[dict[int, int]] = saved.node_map(  # with an eval sketch
+        "eval-partitions", optional=True)
+
     def __init__(
         self,
         *,
@@ -237,17 +243,8 @@ class StoCFL(ServerSideRound):
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.clustering = SketchClustering(tau)
-        self.models: dict[int, ArrayRecord] = {}  # trained clusters only
-        self.anchor: ArrayRecord | None = None
         self.eval_sketches: dict[int, np.ndarray] = {}
-        self.eval_partitions: dict[int, int] = {}  # reported with an evaluation sketch
-        self.plain: dict[int, str] = {}  # node -> why it has no sketch
-        self.suspects: set[int] = set()  # nodes that did not answer their last message
-        self.partition_ids: dict[int, int] = {}
         self._asked: set[int] = set()  # nodes asked for their partition id
-        self.trained: set[int] = set()
-        self.held_out: set[int] = set()
-        self._decided: set[int] = set()  # nodes whose hold-out draw is done
 
     def summary(self) -> None:
         """Log StoCFL's settings, then FedAvg's."""
@@ -260,53 +257,24 @@ class StoCFL(ServerSideRound):
     # --- checkpoint -------------------------------------------------------------------
 
     def checkpoint_state(self) -> StrategyState:
-        """The clustering with its cached sketches, the cluster models and anchor, the
-        evaluation sketches, the node sets, the random generators.
-        """
+        """The declared state, the clustering with its cached sketches and the
+        evaluation sketches."""
         state = super().checkpoint_state()
         meta, arrays = self.clustering.state()
         state.merge("clustering", StrategyState(meta, arrays))
-        state.meta.update({
-            "stocfl-rng": generator_state(self.rng),
-            "stocfl-eval-rng": generator_state(self.eval_rng),
-            "models": sorted(self.models), "plain": pairs(self.plain),
-            "partition-ids": pairs(self.partition_ids), "trained": sorted(self.trained),
-            "held-out": sorted(self.held_out), "decided": sorted(self._decided),
-            "suspects": sorted(self.suspects), "hooks": self.hooks.state(),
-            "eval-sketch-nodes": list(self.eval_sketches),
-            "eval-partitions": pairs(self.eval_partitions),
-        })
+        state.meta["eval-sketch-nodes"] = list(self.eval_sketches)
         state.arrays.update(prefixed({str(i): v for i, v in enumerate(
             self.eval_sketches.values())}, "eval-sketch"))
-        for cluster, model in self.models.items():
-            state.arrays.update(prefixed(record_arrays(model), f"model-{cluster}"))
-        if self.anchor is not None:
-            state.arrays.update(prefixed(record_arrays(self.anchor), "anchor"))
         return state
 
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`."""
         super().restore_state(state, node_map)
-        meta = state.meta
         part = state.part("clustering")
         self.clustering = SketchClustering.from_state(part.meta, part.arrays, node_map)
-        set_generator_state(self.rng, meta["stocfl-rng"])
-        set_generator_state(self.eval_rng, meta["stocfl-eval-rng"])
-        self.models = {int(c): to_record(under(state.arrays, f"model-{c}"))
-                       for c in meta["models"]}
-        anchor = under(state.arrays, "anchor")
-        self.anchor = to_record(anchor) if anchor else None
-        self.plain = from_pairs(meta["plain"], node_map)
-        self.partition_ids = from_pairs(meta["partition-ids"], node_map)
-        self.trained = {node_map(n) for n in meta["trained"]}
-        self.held_out = {node_map(n) for n in meta["held-out"]}
-        self._decided = {node_map(n) for n in meta["decided"]}
-        self.suspects = {node_map(n) for n in meta["suspects"]}
-        self.hooks.restore(meta.get("hooks", {}))
         rows = under(state.arrays, "eval-sketch")
         self.eval_sketches = {node_map(n): rows[str(i)]
-                              for i, n in enumerate(meta.get("eval-sketch-nodes", []))}
-        self.eval_partitions = from_pairs(meta.get("eval-partitions", []), node_map)
+                              for i, n in enumerate(state.meta.get("eval-sketch-nodes", []))}
 
     def node_partitions(self) -> dict[int, int]:
         """The partition ids the nodes reported with their sketches."""
