@@ -439,18 +439,13 @@ class CFL(ServerSideRound):
                        grid: Grid, timeout: float) -> MetricRecord | None:
         """Score each sampled node in a cluster with that cluster's model; keep each
         cluster's aggregate (:meth:`group_models`)."""
-        started = time.monotonic()
         if self.fraction_evaluate == 0.0 or not self.leaves:
             return self.record_evaluation(server_round, [], {}, None).metrics
         nodes = self.sample_evaluate(grid, self.eval_rng)
         placed = {n: self.position_of(n) for n in nodes if self.position_of(n) in self.leaves}
         self.history.setdefault(server_round, {})["eval-unplaced"] = len(nodes) - len(placed)
-        records = {leaf: to_record(self.leaves[leaf]) for leaf in set(placed.values())}
-        screened = self.evaluate_groups(server_round, grid, config, [
-            (n, leaf, records[leaf]) for n, leaf in placed.items()]).screened
-        evaluation = self.record_evaluation(server_round, [
-            (leaf, reply.content) for _, leaf, reply in screened.sound],
-            screened.rejected(), started if placed else None)
+        evaluation = self.evaluate_members(server_round, grid, config, placed,
+                                           lambda leaf: to_record(self.leaves[leaf]))
         self.leaf_metrics.update(evaluation.by_group)
         return evaluation.metrics
 

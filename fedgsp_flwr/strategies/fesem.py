@@ -295,11 +295,9 @@ class FeSEM(ServerSideRound):
 
     def cluster_metrics(self) -> dict[str, Any]:
         """Centre sizes, assigned nodes, and ARI/NMI where ground truth is known."""
-        metrics: dict[str, Any] = {"cluster-sizes": self.sizes(),
-                                   "assigned-clients": len(self.assignment)}
-        metrics.update(agreement_scores(self.assignment, self.known.partition_ids,
-                                        self.ground_truth))
-        return metrics
+        return {"cluster-sizes": self.sizes(), "assigned-clients": len(self.assignment),
+                **agreement_scores(self.assignment, self.known.partition_ids,
+                                   self.ground_truth)}
 
     # --- evaluation -------------------------------------------------------------------
 
@@ -307,20 +305,14 @@ class FeSEM(ServerSideRound):
                        grid: Grid, timeout: float) -> MetricRecord | None:
         """Score each sampled, assigned node with its own centre; keep each centre's
         aggregate (:meth:`group_models`)."""
-        started = time.monotonic()
         if self.fraction_evaluate == 0.0 or self.centres is None:
             return self.record_evaluation(server_round, [], {}, None).metrics
         nodes = self.sample_evaluate(grid, self.eval_rng)
-        assigned = [n for n in nodes if n in self.assignment]
+        assigned = {n: self.assignment[n] for n in nodes if n in self.assignment}
         self.history.setdefault(server_round, {})["eval-unassigned"] = len(nodes) - len(
             assigned)
-        records = {c: self.centre_record(c) for c in {self.assignment[n] for n in assigned}}
-        exchanged = self.evaluate_groups(server_round, grid, config, [
-            (n, self.assignment[n], records[self.assignment[n]]) for n in assigned])
-        screened = exchanged.screened
-        evaluation = self.record_evaluation(server_round, [
-            (centre, reply.content) for _, centre, reply in screened.sound],
-            screened.rejected(), started if assigned else None)
+        evaluation = self.evaluate_members(server_round, grid, config, assigned,
+                                           self.centre_record)
         self.centre_metrics.update(evaluation.by_group)
         return evaluation.metrics
 

@@ -485,11 +485,8 @@ class IFCA(ServerSideRound):
         """Nodes per model (by last choice), nodes that chose, and ARI/NMI where the
         ground truth is known.
         """
-        metrics: dict[str, Any] = {"cluster-sizes": self.sizes(),
-                                   "chosen-clients": len(self.choice)}
-        metrics.update(agreement_scores(self.choice, self.known.partition_ids,
-                                        self.ground_truth))
-        return metrics
+        return {"cluster-sizes": self.sizes(), "chosen-clients": len(self.choice),
+                **agreement_scores(self.choice, self.known.partition_ids, self.ground_truth)}
 
     # --- evaluation -------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ its aggregation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -176,6 +176,20 @@ class ServerSideRound(FedAvg):
                     for node, _, model in plan]
         return self.exchange(server_round, grid, [(n, g) for n, g, _ in plan], messages,
                              self.eval_problem, forget=False)
+
+    def evaluate_members(self, server_round: int, grid: Grid, config: ConfigRecord,
+                         group_of: Mapping[int, Group], model: Callable[[Group], ArrayRecord]
+                         ) -> Evaluation[Group]:
+        """Score each node of ``group_of`` (node -> group) with its group's model
+        (``model(group)``, built once a group): :meth:`evaluate_groups`, then
+        :meth:`record_evaluation`."""
+        started = time.monotonic()
+        records = {group: model(group) for group in set(group_of.values())}
+        screened = self.evaluate_groups(server_round, grid, config, [
+            (node, group, records[group]) for node, group in group_of.items()]).screened
+        return self.record_evaluation(server_round, [
+            (group, reply.content) for _, group, reply in screened.sound],
+            screened.rejected(), started if group_of else None)
 
     def record_evaluation(self, server_round: int,
                           scored: Sequence[tuple[Group, RecordDict]],
