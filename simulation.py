@@ -502,10 +502,56 @@ def short_rounds(metrics: Mapping[str, Any]) -> int:
                or r["round"] in few)
 
 
+def complete_seeds(exp: Experiment, root: Path, label: str
+                   ) -> list[tuple[int, dict[str, Any]]]:
+    """(seed, metrics) of each complete seed of one strategy."""
+    found = [(s, read_metrics(root / "runs" / run_name(label, s))) for s in exp.seeds_of(label)]
+    return [(s, m) for s, m in found if m and m.get("status") == "complete"]
+
+
 def complete_runs(exp: Experiment, root: Path, label: str) -> list[dict[str, Any]]:
     """The metrics of each complete seed of one strategy."""
-    found = [read_metrics(root / "runs" / run_name(label, s)) for s in exp.seeds_of(label)]
-    return [m for m in found if m and m.get("status") == "complete"]
+    return [m for _, m in complete_seeds(exp, root, label)]
+
+
+def final_value(metrics: Mapping[str, Any], key: str, last: int = 1) -> float | None:
+    """The mean of a per-round metric over a run's last ``last`` rounds."""
+    values = series(metrics, key)[1]
+    return float(np.mean(values[-last:])) if values else None
+
+
+def reference_accuracy(exp: Experiment, root: Path) -> float | None:
+    """The reference strategy's final accuracy, the mean over its complete seeds."""
+    if exp.reference is None:
+        return None
+    finals = [v for m in complete_runs(exp, root, exp.reference)
+              if (v := final_value(m, exp.metric, exp.final_rounds)) is not None]
+    return float(np.mean(finals)) if finals else None
+
+
+LAST_ROUNDS = 10  # the per-seed summary's range over a run's last rounds
+
+
+def seed_rows(exp: Experiment, root: Path) -> list[dict[str, Any]]:
+    """One row per complete run: strategy, seed, final accuracy (the last
+    ``final-rounds`` rounds' mean), the first round at the target and at the
+    reference's final accuracy (``None``: never), and the lowest and highest value of
+    the experiment's metric over the run's last :data:`LAST_ROUNDS` rounds."""
+    reference = reference_accuracy(exp, root)
+    rows = []
+    for label in exp.strategies:
+        for seed, metrics in complete_seeds(exp, root, label):
+            last = series(metrics, exp.metric)[1][-LAST_ROUNDS:]
+            row: dict[str, Any] = {
+                "strategy": label, "seed": seed,
+                "final-acc": final_value(metrics, exp.metric, exp.final_rounds)}
+            for name, target in (("target", exp.target_accuracy), ("reference", reference)):
+                if target is not None:
+                    row[f"rounds-to-{name}"] = rounds_to(metrics, exp.metric, target)
+            row.update({f"last{LAST_ROUNDS}-min": min(last) if last else None,
+                        f"last{LAST_ROUNDS}-max": max(last) if last else None})
+            rows.append(row)
+    return rows
 
 
 def curves(exp: Experiment, root: Path, label: str, key: str | None = None
@@ -551,17 +597,12 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     done = {label: runs for label in exp.strategies
             if (runs := complete_runs(exp, root, label))}
 
-    def final(metrics: Mapping[str, Any], key: str, last: int = 1) -> float | None:
-        values = series(metrics, key)[1]
-        return float(np.mean(values[-last:])) if values else None
+    final = final_value
 
     def final_acc(metrics: Mapping[str, Any]) -> float | None:
         return final(metrics, exp.metric, exp.final_rounds)
 
-    reference = None
-    if exp.reference in done:
-        ref = [v for m in done[exp.reference] if (v := final_acc(m)) is not None]
-        reference = float(np.mean(ref)) if ref else None
+    reference = reference_accuracy(exp, root)
     rows = []
     for label, runs in done.items():
         finals = [v for m in runs if (v := final_acc(m)) is not None]
@@ -700,6 +741,9 @@ def write_comparison(exp: Experiment, root: Path) -> None:
     write_atomic(root / "summary.json", json.dumps(rows, indent=2))
     write_atomic(root / "summary.csv", rows_to_csv(rows))
     write_atomic(root / "summary.md", markdown_table(rows))
+    seeds = seed_rows(exp, root)
+    write_atomic(root / "seeds.json", json.dumps(seeds, indent=2))
+    write_atomic(root / "seeds.csv", rows_to_csv(seeds))
     if exp.paper:
         beside = paper_rows(exp, rows)
         write_atomic(root / "paper.json", json.dumps(

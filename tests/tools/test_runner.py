@@ -385,3 +385,20 @@ def test_rounds_that_lost_replies_are_counted() -> None:
     assert simulation.short_rounds(run(*growing[:4], {**growing[4], "skipped-nodes": 2})) == 1
     # a round of fewer replies than clients sampled, in a run where that is the norm
     assert simulation.short_rounds(run(*[{"train-replies": 9, "sampled": 10}] * 3)) == 3
+
+
+def test_the_seed_summary_gives_each_runs_first_round_at_the_targets(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, 'reference = "base"\ntarget-accuracy = 0.5')
+    write_run(tmp_path, "base", 0, [0.1, 0.4, 0.6, 0.7], traffic=None)
+    write_run(tmp_path, "base", 1, [0.1, 0.5, 0.6, 0.5], traffic=None)
+    write_run(tmp_path, "fast", 1, [0.1, 0.3, 0.45, 0.4], traffic=None)  # never 0.5
+    rows = {(r["strategy"], r["seed"]): r for r in simulation.seed_rows(exp, tmp_path)}
+    assert set(rows) == {("base", 0), ("base", 1), ("fast", 1)}
+    assert rows["base", 0]["rounds-to-target"] == 2 and rows["base", 1]["rounds-to-target"] == 1
+    # the reference is base's mean final accuracy, 0.6: seed 1 reaches it, then falls back
+    assert rows["base", 0]["rounds-to-reference"] == 2
+    assert rows["base", 1]["rounds-to-reference"] == 2
+    assert rows["fast", 1]["rounds-to-target"] is None
+    assert rows["fast", 1]["rounds-to-reference"] is None
+    assert (rows["fast", 1]["last10-min"], rows["fast", 1]["last10-max"]) == (0.1, 0.45)
+    assert rows["base", 1]["final-acc"] == 0.5
