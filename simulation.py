@@ -529,14 +529,15 @@ def reference_accuracy(exp: Experiment, root: Path) -> float | None:
     return float(np.mean(finals)) if finals else None
 
 
-LAST_ROUNDS = 10  # the per-seed summary's range over a run's last rounds
+LAST_ROUNDS = 10  # the per-seed summary's range over a run's last values of its metric
 
 
 def seed_rows(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     """One row per complete run: strategy, seed, final accuracy (the last
     ``final-rounds`` rounds' mean), the first round at the target and at the
-    reference's final accuracy (``None``: never), and the lowest and highest value of
-    the experiment's metric over the run's last :data:`LAST_ROUNDS` rounds."""
+    reference's final accuracy (``None``: never), and the lowest and highest of the
+    run's last :data:`LAST_ROUNDS` values of the experiment's metric (the rounds that
+    have it)."""
     reference = reference_accuracy(exp, root)
     rows = []
     for label in exp.strategies:
@@ -597,10 +598,8 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     done = {label: runs for label in exp.strategies
             if (runs := complete_runs(exp, root, label))}
 
-    final = final_value
-
     def final_acc(metrics: Mapping[str, Any]) -> float | None:
-        return final(metrics, exp.metric, exp.final_rounds)
+        return final_value(metrics, exp.metric, exp.final_rounds)
 
     reference = reference_accuracy(exp, root)
     rows = []
@@ -621,7 +620,7 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
             row[f"acc-r{at}-mean"] = float(np.mean(values)) if ok else None
             row[f"acc-r{at}-std"] = float(np.std(values)) if ok else None
         losses = [v for m in runs
-                  if (v := final(m, exp.loss_metric, exp.final_rounds)) is not None]
+                  if (v := final_value(m, exp.loss_metric, exp.final_rounds)) is not None]
         if losses:  # FedGSP's Table 1 and Fig. 4 report the central loss
             row["final-loss-mean"] = float(np.mean(losses))
             row["final-loss-std"] = float(np.std(losses))
@@ -640,7 +639,7 @@ def summarize(exp: Experiment, root: Path) -> list[dict[str, Any]]:
                 known = everywhere and None not in values
                 row[f"{key}-to-{name}"] = float(np.mean(values)) if known else None
         for key in exp.report:
-            values = [v for m in runs if (v := final(m, key)) is not None]
+            values = [v for m in runs if (v := final_value(m, key)) is not None]
             row[key] = float(np.mean(values)) if values else None
         traffic = [sum(r.get("bytes-sent", 0) + r.get("bytes-received", 0)
                        for r in m["rounds"]) for m in runs]

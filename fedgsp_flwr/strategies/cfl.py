@@ -94,6 +94,26 @@ PARAMS = Spec("CFL", (
 ))
 
 
+def save_splits(splits: dict[int, SplitNode], state: StrategyState, key: str) -> None:
+    """The splits under ``key``, with their cached models and directions."""
+    state.meta[key] = [[t, *s.children, s.server_round, s.alpha_cross, s.gamma, *s.sizes]
+                       for t, s in sorted(splits.items())]
+    for t, split in splits.items():
+        state.arrays.update(prefixed(split.model, f"split-{t}"))
+        state.arrays[f"directions-{t}"] = split.directions
+
+
+def load_splits(state: StrategyState, key: str, _: NodeMap, __: object
+                ) -> dict[int, SplitNode]:
+    """The splits :func:`save_splits` saved."""
+    arrays = state.arrays
+    return {int(t): SplitNode({k: np.array(v) for k, v in under(arrays, f"split-{t}").items()},
+                              (int(a), int(b)),
+                              np.array(arrays[f"directions-{t}"], dtype=np.float32),
+                              int(r), float(alpha), float(gamma), (int(n1), int(n2)))
+            for t, a, b, r, alpha, gamma, n1, n2 in state.meta[key]}
+
+
 class CFL(ServerSideRound):
     """CFL (Sattler, Müller, Samek, 2021): clusters split in two, recursively, by the
     cosine similarity of their members' updates, one model per cluster.
@@ -170,13 +190,14 @@ class CFL(ServerSideRound):
         ``fraction_evaluate``, ``min_available_nodes``, ...).
     """
 
-    # The state a checkpoint saves (node ids translated on resume), beside the splits
-    # (checkpoint_state):
+    # The state a checkpoint saves (node ids translated on resume):
     rng = saved.generator("cfl-rng")
     eval_rng = saved.generator("cfl-eval-rng")
     position: saved.Saved[dict[int, int]] = saved.node_map("position")  # node -> tree node
     leaves = saved.arrays_by_id("leaves", "leaf")  # cluster (a leaf of the tree) -> model
     next_id: saved.Saved[int] = saved.value("next-id", lambda: ROOT + 1, int)
+    splits: saved.Saved[dict[int, SplitNode]] = saved.Saved(  # inner nodes of the tree
+        "splits", dict, save_splits, load_splits)
 
     def __init__(
         self,
@@ -201,7 +222,6 @@ class CFL(ServerSideRound):
         self.ground_truth = dict(ground_truth or {})
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
-        self.splits: dict[int, SplitNode] = {}  # inner nodes of the tree
         self.leaf_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self._warned_partial = False
 
@@ -215,29 +235,6 @@ class CFL(ServerSideRound):
             "%s linkage, split quorum %g", self.rule.eps1, self.rule.eps2,
             self.rule.min_size, self.rule.warmup_rounds, self.linkage, self.split_quorum)
         super().summary()
-
-    # --- checkpoint -------------------------------------------------------------------
-
-    def checkpoint_state(self) -> StrategyState:
-        """The declared state, and the splits with their cached models and directions."""
-        state = super().checkpoint_state()
-        state.meta["splits"] = [[t, *s.children, s.server_round, s.alpha_cross, s.gamma,
-                                 *s.sizes] for t, s in sorted(self.splits.items())]
-        for t, split in self.splits.items():
-            state.arrays.update(prefixed(split.model, f"split-{t}"))
-            state.arrays[f"directions-{t}"] = split.directions
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`, node ids translated by ``node_map``."""
-        super().restore_state(state, node_map)
-        arrays = state.arrays
-        self.splits = {
-            int(t): SplitNode({k: np.array(v) for k, v in under(arrays, f"split-{t}").items()},
-                              (int(a), int(b)),
-                              np.array(arrays[f"directions-{t}"], dtype=np.float32),
-                              int(r), float(alpha), float(gamma), (int(n1), int(n2)))
-            for t, a, b, r, alpha, gamma, n1, n2 in state.meta["splits"]}
 
     # --- the tree ---------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ polls with a backoff (:class:`PollBackoff`) and tell a node that is gone
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Generic, TypeVar
@@ -231,24 +231,32 @@ class Screened(Generic[Key]):
     def rejected(self) -> dict[int, str]:
         """Why each node with no usable reply has none (its problems joined)."""
         kept = {node for node, _, _ in self.sound}
-        return {n: "; ".join(p) for n, p in self.problems.items() if n not in kept}
+        return {n: self.why(n) for n in self.problems if n not in kept}
+
+    def why(self, node: int) -> str:
+        """``node``'s problems, each once, joined."""
+        return "; ".join(dict.fromkeys(self.problems[node]))
 
 
 def screen(owner: str, server_round: int, plan: Sequence[tuple[int, Key]],
            replies: Sequence[Message | None],
-           problem: Callable[[Key, Message], str | None]) -> Screened[Key]:
+           problem: Callable[[Key, Message], str | None],
+           partition_ids: Mapping[int, int] | None = None) -> Screened[Key]:
     """Sort the replies to a round's messages (``plan[i]`` = (node, key) of message i)
     into the usable ones and, for the others, why: no reply in time, or ``problem``'s
-    answer. Each refused reply is logged: ``<owner> round <r>: rejected reply from node
-    <n>: <why>``.
+    answer. Each node with a refused reply is logged once: ``<owner> round <r>:
+    rejected reply from node <n> (partition <p>): <why>`` (the partition where
+    ``partition_ids`` knows it).
     """
     out: Screened[Key] = Screened()
     for (node, key), reply in zip(plan, replies, strict=True):
         why = NO_REPLY if reply is None else problem(key, reply)
         if why is not None or reply is None:
             out.problems.setdefault(node, []).append(why or "")
-            log(WARNING, "%s round %d: rejected reply from node %d: %s", owner, server_round,
-                node, why)
         else:
             out.sound.append((node, key, reply))
+    for node in out.problems:
+        partition = (partition_ids or {}).get(node)
+        log(WARNING, "%s round %d: rejected reply from node %d%s: %s", owner, server_round,
+            node, "" if partition is None else f" (partition {partition})", out.why(node))
     return out

@@ -30,13 +30,13 @@ from ..protocol import EVALUATE, PARTITION, PROXIMAL_MU, TRAIN
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .decoding import values as array_values
 from .exchange import Exchange
-from .metrics import aggregate_metrics, reply_metrics
+from .metrics import aggregate_metrics, metrics_order
 from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
 from .params import Param, Spec, non_negative
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .rounds import EvaluateFn, TrainResult, run_rounds
-from .saved import load_declared, save_declared
+from .saved import load_declared, missing_declared, refuse_missing, save_declared
 from .state import NodeMap, StrategyState
 
 
@@ -355,7 +355,7 @@ class FedAvg(FlowerFedAvg):
 
     def checkpoint_state(self) -> StrategyState:
         """The state to save after a round: what is known of the nodes, and every
-        attribute the strategy declares :class:`~fedgsp_flwr.strategies.state.Saved`."""
+        attribute the strategy declares :class:`~fedgsp_flwr.strategies.saved.Saved`."""
         state = StrategyState()
         state.merge("known", self.known.checkpoint_state())
         save_declared(self, state)
@@ -369,10 +369,15 @@ class FedAvg(FlowerFedAvg):
         Raises
         ------
         ValueError
-            If ``state`` lacks a declared attribute (another strategy's state).
+            If ``state`` lacks a declared attribute of the strategy or of what it knows
+            of the nodes (another strategy's state): nothing is taken back then.
         """
+        known = state.part("known")
+        refuse_missing(type(self).__name__, missing_declared(self, state) + [
+            f"known/{key}" for key in (missing_declared(self.known, known) if known.meta
+                                       else [])])
         load_declared(self, state, node_map)
-        if (known := state.part("known")).meta:
+        if known.meta:
             self.known.restore_state(known, node_map)
 
     def node_partitions(self) -> dict[int, int]:
@@ -463,7 +468,7 @@ class FedAvg(FlowerFedAvg):
             stage="aggregate_evaluate",
             partition_ids=self.known.partition_ids,
         )
-        sound.sort(key=lambda m: sorted(reply_metrics(m.content).items()))
+        sound.sort(key=lambda m: metrics_order(m.content))
         metrics = (self.evaluate_metrics_aggr_fn([m.content for m in sound],
                                                  self.weighted_by_key) if sound else None)
         self._record(server_round, EVALUATE, metrics, len(sound), rejected)

@@ -96,7 +96,7 @@ class FeSEM(ServerSideRound):
     seed : int (default: 0)
         Seed of node sampling and k-means++.
     **kwargs : Any
-        ``train_timeout`` (seconds to wait for a round's training replies) and FedAvg
+        ``train_timeout`` (seconds to wait for a round's training and evaluation replies) and FedAvg
         parameters (``fraction_train``, ``fraction_evaluate``, ``min_available_nodes``,
         ...).
     """

@@ -58,6 +58,25 @@ PARAMS = Spec("HierFL", (
 ))
 
 
+Generated = dict[int, tuple[np.ndarray, int]]  # node -> (edges it reaches, original edge)
+
+
+def save_generated(generated: Generated, state: StrategyState, key: str) -> None:
+    """The topology generated for the users: their nodes under ``key``."""
+    nodes = list(generated)
+    state.meta.update({key: nodes, "generated-original": [generated[n][1] for n in nodes]})
+    state.arrays["generated-reach"] = (np.stack([generated[n][0] for n in nodes]) if nodes
+                                       else np.zeros((0, 0), dtype=bool))
+
+
+def load_generated(state: StrategyState, key: str, node_map: NodeMap, _: object
+                   ) -> Generated:
+    """The topology :func:`save_generated` saved."""
+    return {node_map(n): (reach.astype(bool), int(original)) for n, reach, original in zip(
+        state.meta[key], state.arrays["generated-reach"], state.meta["generated-original"],
+        strict=True)}
+
+
 class HierFL(ServerSideRound):
     """Hierarchical FL (Mhaisen et al.): users train with their edge, edges with the cloud.
 
@@ -112,13 +131,14 @@ class HierFL(ServerSideRound):
         FedAvg parameters (``fraction_train``, ``min_available_nodes``, ...).
     """
 
-    # The state a checkpoint saves (node ids translated on resume), beside the topology
-    # generated for the users (checkpoint_state):
+    # The state a checkpoint saves (node ids translated on resume):
     rng = saved.generator("hierfl-rng")
     users = saved.node_list("users")  # in user index order
     edge_of: saved.Saved[dict[int, int]] = saved.node_map("edge-of")
     _assignment_metrics: saved.Saved[dict[str, float]] = saved.value(
         "assignment-metrics", dict, dict)
+    _generated: saved.Saved[Generated] = saved.Saved(  # the topology generated so far
+        "generated-nodes", dict, save_generated, load_generated)
 
     def __init__(
         self,
@@ -150,7 +170,6 @@ class HierFL(ServerSideRound):
         self.tau1, self.tau2 = tau1, tau2
         self.time_limit, self.size_tolerance = time_limit, size_tolerance
         self.rng = np.random.default_rng(seed)
-        self._generated: dict[int, tuple[np.ndarray, int]] = {}  # node -> (reach, original)
         self.edge_models: dict[int, ArrayRecord] = {}
 
     def registry(self) -> NodeRegistry:
@@ -166,27 +185,6 @@ class HierFL(ServerSideRound):
         log(INFO, "\t├──> HierFL: %s assignment over %s, tau1=%d, tau2=%d", self.policy,
             where, self.tau1, self.tau2)
         super().summary()
-
-    # --- checkpoint -------------------------------------------------------------------
-
-    def checkpoint_state(self) -> StrategyState:
-        """The declared state, and the topology generated for the users so far."""
-        state = super().checkpoint_state()
-        nodes = list(self._generated)
-        state.meta.update({"generated-nodes": nodes,
-                           "generated-original": [self._generated[n][1] for n in nodes]})
-        state.arrays["generated-reach"] = (
-            np.stack([self._generated[n][0] for n in nodes]) if nodes
-            else np.zeros((0, self.num_edges), dtype=bool))
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
-        super().restore_state(state, node_map)
-        self._generated = {
-            node_map(n): (reach.astype(bool), int(original)) for n, reach, original in zip(
-                state.meta["generated-nodes"], state.arrays["generated-reach"],
-                state.meta["generated-original"], strict=True)}
 
     # --- assignment -------------------------------------------------------------------
 

@@ -87,8 +87,6 @@ class HookedTrain(ServerSideRound):
         self.evaluate_type = evaluate_type
         self.hooks = HookSupport(owner, fallbacks)
 
-    # --- checkpoint -------------------------------------------------------------------
-
     # --- messages ---------------------------------------------------------------------
 
     def message_type(self, node: int, hook_type: str, plain_type: str) -> str:
@@ -110,7 +108,7 @@ class HookedTrain(ServerSideRound):
         return retyped(message, kind) if kind == hook_type else self.as_plain(message, kind)
 
     def send_hooked(self, grid: Grid, messages: Sequence[Message], plain_type: str
-                 ) -> tuple[list[Message], list[Message | None], list[Message]]:
+                    ) -> tuple[list[Message], list[Message | None], list[Message]]:
         """Send the messages (a hook type probed with one message first), then send
         again, as ``plain_type``, those a node answered without a handler for.
 

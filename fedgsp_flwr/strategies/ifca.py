@@ -112,6 +112,21 @@ def choice_problem(choice: Any, losses: Any, k: int) -> str | None:
     return None
 
 
+def save_models(models: list[ArrayRecord], state: StrategyState, key: str) -> None:
+    """The k models: their count under ``key``, their array names, their arrays."""
+    state.meta.update({key: len(models), "model-keys": list(models[0].keys()) if models else []})
+    for index, model in enumerate(models):
+        state.arrays.update(prefixed(record_arrays(model), ifca_model_record(index)))
+
+
+def load_models(state: StrategyState, key: str, _: NodeMap, __: object) -> list[ArrayRecord]:
+    """The models :func:`save_models` saved."""
+    names = list(state.meta["model-keys"])
+    return [to_record({name: arrays[name] for name in names})
+            for arrays in (under(state.arrays, ifca_model_record(index))
+                           for index in range(int(state.meta[key])))]
+
+
 class IFCA(ServerSideRound):
     """IFCA (Ghosh et al., 2020): k cluster models; each client trains the one with
     the lowest loss on its data.
@@ -183,8 +198,9 @@ class IFCA(ServerSideRound):
         Nodes without a ``train.ifca`` handler (they take the fallback), with why.
     """
 
-    # The state a checkpoint saves (node ids translated on resume), beside the k
-    # models (checkpoint_state):
+    # The state a checkpoint saves (node ids translated on resume):
+    models: saved.Saved[list[ArrayRecord]] = saved.Saved("models", list, save_models,
+                                                         load_models)
     rng = saved.generator("ifca-rng")  # node sampling, warm-up groups
     eval_rng = saved.generator("ifca-eval-rng")
     choice: saved.Saved[dict[int, int]] = saved.node_map("choice")  # the last choice
@@ -225,7 +241,6 @@ class IFCA(ServerSideRound):
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.hooks = HookSupport("IFCA", {TRAIN_IFCA: FALLBACK})
-        self.models: list[ArrayRecord] = []
         self.head: list[str] | None = None
         self.model_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by model
 
@@ -242,24 +257,11 @@ class IFCA(ServerSideRound):
 
     # --- checkpoint -------------------------------------------------------------------
 
-    def checkpoint_state(self) -> StrategyState:
-        """The declared state, and the k models."""
-        state = super().checkpoint_state()
-        state.meta.update({"models": len(self.models),
-                           "model-keys": list(self.models[0].keys()) if self.models else []})
-        for index, model in enumerate(self.models):
-            state.arrays.update(prefixed(record_arrays(model), ifca_model_record(index)))
-        return state
-
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
+        """Take back :meth:`checkpoint_state`, and the shared layers of its models."""
         super().restore_state(state, node_map)
-        keys = list(state.meta["model-keys"])
-        self.models = []
-        for index in range(int(state.meta["models"])):
-            arrays = under(state.arrays, ifca_model_record(index))
-            self.models.append(to_record({key: arrays[key] for key in keys}))
-        self.head = head_arrays(keys, self.head_layers) if self.models else None
+        self.head = (head_arrays(list(self.models[0].keys()), self.head_layers)
+                     if self.models else None)
 
     # --- models -----------------------------------------------------------------------
 
@@ -372,7 +374,8 @@ class IFCA(ServerSideRound):
                     error_text(cast(Message, reply).error.reason), FALLBACK)
         screened = screen("IFCA", server_round, [(n, None) for n, _ in answered],
                           [r for _, r in answered],
-                          lambda _, reply: self.ifca_reply_problem(reply))
+                          lambda _, reply: self.ifca_reply_problem(reply),
+                          self.known.partition_ids)
         for node, _, reply in screened.sound:
             out.updates[node] = (int(cast(float, reply_metrics(reply.content)[IFCA_CHOICE])),
                                  reply)
@@ -508,10 +511,10 @@ class IFCA(ServerSideRound):
         for node, model, reply in screened.sound:
             replies.setdefault(node, []).append((model, reply))
         scored: list[tuple[int, RecordDict]] = []
-        rejected = screened.rejected()
+        rejected: dict[int, str] = {}
         for node in nodes:
-            if node in screened.problems:
-                rejected.setdefault(node, "; ".join(screened.problems[node]))
+            if node in screened.problems:  # a model it could not score: none
+                rejected[node] = screened.why(node)
                 continue
             mine = replies[node]
             if len(mine) > 1:  # a node that never chose: the model of lowest loss
@@ -525,8 +528,7 @@ class IFCA(ServerSideRound):
             scored.append((mine[0][0], mine[0][1].content))
         inferred = sum(1 for node in nodes if node not in self.choice and node not in rejected)
         evaluation = self.record_evaluation(server_round, scored, rejected, started, {
-            "eval-inferred": inferred, "eval-clients": len(scored),
-            "eval-time": time.monotonic() - started})
+            "eval-inferred": inferred, "eval-clients": len(scored)})
         self.model_metrics = evaluation.by_group
         return evaluation.metrics
 

@@ -24,6 +24,15 @@ def reply_metrics(content: RecordDict) -> MetricRecord:
     return next(iter(content.metric_records.values()), MetricRecord())
 
 
+def metrics_order(content: RecordDict) -> list[tuple[str, tuple[float, ...]]]:
+    """A sort key for replies by their metrics, total whatever the values are: a
+    number is compared as a one-element tuple, so a node that sends a list where
+    others send numbers is ordered, not a TypeError (numbers alone sort as before).
+    """
+    return [(key, tuple(value) if isinstance(value, list) else (value,))
+            for key, value in sorted(reply_metrics(content).items())]
+
+
 def aggregate_metrics(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
     """Weighted mean of every metric the replies report, each over the replies that
     report it (the default ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn``

@@ -23,7 +23,7 @@ from . import saved
 from .exchange import unreachable
 from .hook_support import MISSING_HANDLER_TEXT, HookSupport
 from .node_queries import query_histograms, query_partitions
-from .state import NodeMap, StrategyState, stack_rows
+from .state import NodeMap, StrategyState
 
 # What IFCA, CFL and FeSEM do for nodes that state no partition id (asks="partition").
 PARTITION_FALLBACK = ("nodes are ordered by node id (no partition ids: the order differs "
@@ -87,7 +87,8 @@ class NodeRegistry:
         Nodes that did not answer their last query at all (asked again next time).
     """
 
-    # What a checkpoint saves (node ids translated on resume), beside the histograms:
+    # What a checkpoint saves (node ids translated on resume):
+    histograms = saved.node_rows("histogram-nodes", "histograms", np.int64)
     without: saved.Saved[dict[int, str]] = saved.node_map("without")
     partition_ids: saved.Saved[dict[int, int]] = saved.node_map("partition-ids")
     edges: saved.Saved[dict[int, list[int]]] = saved.node_map(EDGES)
@@ -105,7 +106,6 @@ class NodeRegistry:
         self.num_classes, self.num_partitions = num_classes, num_partitions
         self.message_type = f"query.{asks}"
         self.hooks = HookSupport(owner, {self.message_type: fallback}, missing_level)
-        self.histograms: dict[int, np.ndarray] = {}
 
     def refresh(self, grid: Grid, nodes: Sequence[int]) -> None:
         """Ask the nodes not seen before (or forgotten) the registry's query.
@@ -186,17 +186,13 @@ class NodeRegistry:
 
     def checkpoint_state(self) -> StrategyState:
         """Everything known of the nodes (see :mod:`fedgsp_flwr.checkpoint`)."""
-        nodes, matrix = stack_rows(self.histograms)
-        state = StrategyState({"histogram-nodes": nodes}, {"histograms": matrix})
+        state = StrategyState()
         saved.save_declared(self, state)
         return state
 
     def restore_state(self, state: StrategyState, nodes: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`, node ids translated by ``nodes``."""
         saved.load_declared(self, state, nodes)
-        self.histograms = {nodes(n): row.astype(np.int64) for n, row in
-                           zip(state.meta["histogram-nodes"], state.arrays["histograms"],
-                               strict=True)}
 
 
 class PartitionOrderGrid(GridView):

@@ -11,7 +11,9 @@ the one its checkpoints have always had, so that older checkpoints load.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import copy
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 import numpy as np
@@ -26,6 +28,7 @@ from .state import (
     prefixed,
     record_arrays,
     set_generator_state,
+    stack_rows,
     to_record,
     under,
 )
@@ -64,6 +67,8 @@ class Saved(Generic[T]):
     def __init__(self, key: str, initial: Callable[[], T], save: Save[T], load: Load[T], *,
                  present: Callable[[StrategyState, str], bool] | None = None,
                  optional: bool = False) -> None:
+        if not key:
+            raise ValueError("Saved: key must name the attribute in the state, got ''")
         self.key, self.initial, self.save, self.load = key, initial, save, load
         self.present = present or (lambda state, key: key in state.meta)
         self.optional = optional
@@ -71,6 +76,7 @@ class Saved(Generic[T]):
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
+        self.owner = owner.__name__
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> Saved[T]: ...
@@ -82,7 +88,11 @@ class Saved(Generic[T]):
             return self
         values = obj.__dict__
         if self.name not in values:
-            values[self.name] = self.initial()
+            try:
+                values[self.name] = self.initial()
+            except Unset:
+                raise AttributeError(f"{self.owner}.{self.name} is read before its "
+                                     "__init__ set it") from None
         return cast(T, values[self.name])
 
     def __set__(self, obj: object, value: T) -> None:
@@ -90,10 +100,25 @@ class Saved(Generic[T]):
 
 
 def declared(cls: type) -> list[Saved[Any]]:
-    """The :class:`Saved` attributes of ``cls`` and its bases, bases first."""
+    """The :class:`Saved` attributes of ``cls`` and its bases, bases first (a name a
+    subclass redefines as something else is not saved).
+
+    Raises
+    ------
+    TypeError
+        If two attributes save under one key.
+    """
     out: dict[str, Saved[Any]] = {}
     for klass in reversed(cls.__mro__):
-        out.update((n, v) for n, v in vars(klass).items() if isinstance(v, Saved))
+        for name, attribute in vars(klass).items():
+            if isinstance(attribute, Saved):
+                out[name] = attribute
+            else:
+                out.pop(name, None)
+    keys = Counter(s.key for s in out.values())
+    if twice := sorted(k for k, n in keys.items() if n > 1):
+        raise TypeError(f"{cls.__name__}: two saved attributes share the state key(s) "
+                        f"{', '.join(map(repr, twice))}: give each its own key")
     return list(out.values())
 
 
@@ -103,32 +128,76 @@ def save_declared(obj: object, state: StrategyState) -> None:
         saved.save(getattr(obj, saved.name), state, saved.key)
 
 
+def missing_declared(obj: object, state: StrategyState) -> list[str]:
+    """The keys of ``obj``'s declared attributes that are not optional and that
+    ``state`` lacks."""
+    return [s.key for s in declared(type(obj)) if not s.optional and not s.present(state, s.key)]
+
+
+def refuse_missing(owner: str, missing: Sequence[str]) -> None:
+    """Raise the ``ValueError`` of a state that lacks ``missing`` (nothing is taken
+    back then)."""
+    if missing:
+        raise ValueError(
+            f"{owner}: the checkpoint's strategy state lacks "
+            f"{', '.join(repr(k) for k in missing)}: it was written by another strategy or "
+            "is damaged; resume with the strategy that wrote it, or start a new run")
+
+
 def load_declared(obj: object, state: StrategyState, nodes: NodeMap) -> None:
-    """Take back every declared attribute of ``obj`` from ``state``.
+    """Take back every declared attribute of ``obj`` from ``state``; an optional one
+    the state lacks goes back to its initial value.
+
+    Every value is read before any is set (generators and learnt objects, set in place,
+    last), so a state that cannot be read changes nothing.
 
     Raises
     ------
     ValueError
-        If ``state`` lacks an attribute that is not optional: it was written by
-        another strategy, or is damaged; nothing is taken back then.
+        If ``state`` lacks an attribute that is not optional, or one cannot be read:
+        it was written by another strategy, or is damaged.
     """
-    fields = declared(type(obj))
-    if missing := [s.key for s in fields if not s.optional and not s.present(state, s.key)]:
-        raise ValueError(
-            f"{type(obj).__name__}: the checkpoint's strategy state lacks "
-            f"{', '.join(repr(k) for k in missing)}: it was written by another strategy or "
-            "is damaged; resume with the strategy that wrote it, or start a new run")
-    for saved in fields:
-        if saved.present(state, saved.key):
-            setattr(obj, saved.name, saved.load(state, saved.key, nodes, getattr(obj, saved.name)))
+    owner = type(obj).__name__
+    refuse_missing(owner, missing_declared(obj, state))
+    values: dict[str, Any] = {}
+    in_place: list[Saved[Any]] = []
+    for saved in declared(type(obj)):
+        if not saved.present(state, saved.key):
+            if saved.initial is not _unset:
+                values[saved.name] = saved.initial()
+        elif saved.initial is _unset:
+            in_place.append(saved)
+        else:
+            values[saved.name] = read(owner, saved, state, nodes, None)
+    for saved in in_place:  # tried on a copy first
+        read(owner, saved, state, nodes, copy.deepcopy(getattr(obj, saved.name)))
+    for name, value in values.items():
+        setattr(obj, name, value)
+    for saved in in_place:
+        setattr(obj, saved.name, read(owner, saved, state, nodes, getattr(obj, saved.name)))
+
+
+def read(owner: str, saved: Saved[T], state: StrategyState, nodes: NodeMap,
+         current: T | None) -> T:
+    """``saved``'s value in ``state``; a ``ValueError`` naming it if it cannot be read."""
+    try:
+        return saved.load(state, saved.key, nodes, cast(T, current))
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise ValueError(f"{owner}: the checkpoint's {saved.key!r} cannot be read "
+                         f"({type(error).__name__}: {error}): the state is damaged or "
+                         "another strategy's; start a new run") from error
 
 
 def _meta(value: Any, state: StrategyState, key: str) -> None:
     state.meta[key] = value
 
 
+class Unset(Exception):
+    """Raised by the initial value of an attribute ``__init__`` must set."""
+
+
 def _unset() -> Any:
-    raise AttributeError("set in __init__: a strategy sets it before any use")
+    raise Unset
 
 
 class Learnt(Protocol):
@@ -187,6 +256,44 @@ def int_keyed(key: str, optional: bool = False) -> Saved[dict[int, Any]]:
     return Saved(key, dict, lambda m, state, key: _meta([[k, v] for k, v in m.items()],
                                                         state, key),
                  lambda state, key, _, __: from_pairs(state.meta[key]), optional=optional)
+
+
+def node_rows(key: str, array_key: str, dtype: type) -> Saved[dict[int, np.ndarray]]:
+    """Node-keyed vectors of one length: the nodes in metadata ``key``, the vectors
+    as the rows of array ``array_key`` (read back as ``dtype``)."""
+    def save(rows: dict[int, np.ndarray], state: StrategyState, key: str) -> None:
+        state.meta[key], state.arrays[array_key] = stack_rows(rows)
+    return Saved(key, dict, save, lambda state, key, nodes, _: {
+        nodes(n): row.astype(dtype)
+        for n, row in zip(state.meta[key], state.arrays[array_key], strict=True)})
+
+
+def part(key: str, dump: Callable[[T], tuple[dict[str, Any], dict[str, np.ndarray]]],
+         load: Callable[[Mapping[str, Any], Mapping[str, np.ndarray], NodeMap], T]
+         ) -> Saved[T]:
+    """An object set in ``__init__`` that saves as a state of its own, ``dump(obj)`` =
+    (metadata, arrays), under ``key``; ``load(metadata, arrays, nodes)`` rebuilds it."""
+    def save(obj: T, state: StrategyState, key: str) -> None:
+        state.merge(key, StrategyState(*dump(obj)))
+
+    def restore(state: StrategyState, key: str, nodes: NodeMap, _: T) -> T:
+        own = state.part(key)
+        return load(own.meta, own.arrays, nodes)
+    return Saved(key, _unset, save, restore)
+
+
+def node_vectors(key: str, prefix: str) -> Saved[dict[int, np.ndarray]]:
+    """Node-keyed vectors of any lengths: the nodes in metadata ``key``, vector i as
+    array ``<prefix>/<i>``; older checkpoints may lack them."""
+    def save(vectors: dict[int, np.ndarray], state: StrategyState, key: str) -> None:
+        state.meta[key] = list(vectors)
+        state.arrays.update(prefixed({str(i): v for i, v in enumerate(vectors.values())},
+                                     prefix))
+
+    def load(state: StrategyState, key: str, nodes: NodeMap, _: Any) -> dict[int, np.ndarray]:
+        rows = under(state.arrays, prefix)
+        return {nodes(n): rows[str(i)] for i, n in enumerate(state.meta[key])}
+    return Saved(key, dict, save, load, optional=True)
 
 
 def node_list(key: str) -> Saved[list[int]]:

@@ -4,8 +4,8 @@ node with its own group's model.
 
 :class:`ServerSideRound` is the base of every such strategy (relay chains, edge rounds,
 k models per node, bi-level models); its helpers are the steps the clustered
-strategies (CFL, FeSEM, IFCA, StoCFL) share, so each of them writes only its plan and
-its aggregation.
+strategies (CFL, FeSEM, IFCA, StoCFL) and HierFL's edge rounds share, so each of them
+writes only its plan and its aggregation.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, TRAIN
 from .exchange import Screened, collect_reply_list, screen
 from .fedavg import FedAvg, array_bytes, check_parameters
-from .metrics import reply_metrics
+from .metrics import metrics_order
 from .replies import reply_problem
 from .rounds import TrainResult, own_rounds_error
 
@@ -139,7 +139,8 @@ class ServerSideRound(FedAvg):
         if forget:
             self.known.forget_unanswered(
                 (node, reply) for (node, _), reply in zip(plan, replies, strict=True))
-        screened = screen(type(self).__name__, server_round, plan, replies, problem)
+        screened = screen(type(self).__name__, server_round, plan, replies, problem,
+                          self.known.partition_ids)
         return Exchanged(screened, replies, array_bytes(messages),
                          array_bytes(r for r in replies if r is not None))
 
@@ -203,7 +204,7 @@ class ServerSideRound(FedAvg):
         FedAvg's ``aggregate_evaluate`` sorts them, so a seed gives the same bits
         whatever order they came in; ``extra`` joins it when a node was scored.
         """
-        ordered = sorted(scored, key=lambda s: sorted(reply_metrics(s[1]).items()))
+        ordered = sorted(scored, key=lambda s: metrics_order(s[1]))
         contents = [c for _, c in ordered]
         metrics = None
         if contents:

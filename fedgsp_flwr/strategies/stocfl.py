@@ -56,7 +56,6 @@ from .params import Param, Spec, non_negative
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
 from .server_round import ServerSideRound
-from .state import NodeMap, StrategyState, prefixed, under
 
 FALLBACKS = {
     QUERY_PARTITION: "nodes are sampled in node-id order, so a seed's samples differ from run "
@@ -194,8 +193,7 @@ class StoCFL(ServerSideRound):
         Sketches of evaluated nodes outside the clustering, for inference only.
     """
 
-    # The state a checkpoint saves (node ids translated on resume), beside the
-    # clustering and the evaluation sketches (checkpoint_state):
+    # The state a checkpoint saves (node ids translated on resume):
     rng = saved.generator("stocfl-rng")  # node sampling, hold-out
     eval_rng = saved.generator("stocfl-eval-rng")
     models = saved.records("models", "model")  # theta_k of the clusters that trained
@@ -209,6 +207,8 @@ class StoCFL(ServerSideRound):
     hooks: saved.Saved[HookSupport] = saved.learnt("hooks")
     eval_partitions: saved.Saved[dict[int, int]] = saved.node_map(  # with an eval sketch
         "eval-partitions", optional=True)
+    clustering = saved.part("clustering", SketchClustering.state, SketchClustering.from_state)
+    eval_sketches = saved.node_vectors("eval-sketch-nodes", "eval-sketch")  # for inference
 
     def __init__(
         self,
@@ -243,7 +243,6 @@ class StoCFL(ServerSideRound):
         self.rng = np.random.default_rng([seed, 0])
         self.eval_rng = np.random.default_rng([seed, 1])
         self.clustering = SketchClustering(tau)
-        self.eval_sketches: dict[int, np.ndarray] = {}
         self._asked: set[int] = set()  # nodes asked for their partition id
 
     def summary(self) -> None:
@@ -255,26 +254,6 @@ class StoCFL(ServerSideRound):
         super().summary()
 
     # --- checkpoint -------------------------------------------------------------------
-
-    def checkpoint_state(self) -> StrategyState:
-        """The declared state, the clustering with its cached sketches and the
-        evaluation sketches."""
-        state = super().checkpoint_state()
-        meta, arrays = self.clustering.state()
-        state.merge("clustering", StrategyState(meta, arrays))
-        state.meta["eval-sketch-nodes"] = list(self.eval_sketches)
-        state.arrays.update(prefixed({str(i): v for i, v in enumerate(
-            self.eval_sketches.values())}, "eval-sketch"))
-        return state
-
-    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
-        """Take back :meth:`checkpoint_state`."""
-        super().restore_state(state, node_map)
-        part = state.part("clustering")
-        self.clustering = SketchClustering.from_state(part.meta, part.arrays, node_map)
-        rows = under(state.arrays, "eval-sketch")
-        self.eval_sketches = {node_map(n): rows[str(i)]
-                              for i, n in enumerate(state.meta.get("eval-sketch-nodes", []))}
 
     def node_partitions(self) -> dict[int, int]:
         """The partition ids the nodes reported with their sketches."""
@@ -484,7 +463,8 @@ class StoCFL(ServerSideRound):
         trained: set[int] = set()
         screened = screen("StoCFL", server_round, [(node, kind) for node, kind, _ in plan],
                           replies, lambda kind, reply: self.train_reply_problem(
-                              reply, arrays, kind == TRAIN_BILEVEL))
+                              reply, arrays, kind == TRAIN_BILEVEL),
+                          self.known.partition_ids)
         for node, kind, reply in screened.sound:
             cluster = self.clustering.cluster_of.get(node)
             metrics = reply_metrics(reply.content)
@@ -598,7 +578,7 @@ class StoCFL(ServerSideRound):
         rejected: dict[int, str] = {}
         for node in nodes:
             if node in screened.problems:  # both scores or none
-                rejected[node] = "; ".join(screened.problems[node])
+                rejected[node] = screened.why(node)
                 continue
             own_reply, global_reply = scores[node][OWN], scores[node][GLOBAL]
             group = "trained" if node in self.trained else "new"

@@ -262,8 +262,9 @@ def test_bad_replies_reach_no_cluster_model_and_no_similarity() -> None:
         assert clean_run.history[r]["train-rejected"] == 0
         assert noisy_run.history[r]["splits"] == clean_run.history[r]["splits"]
     assert len(lines) == 4 * 12  # one line per rejected reply
-    for node in (node_id(p) for p in bad):
-        assert sum(f"node {node}:" in line for line in lines) == 12
+    for p in bad:  # each names the node and its partition
+        assert sum(f"node {node_id(p)} (partition {p}):" in line for line in lines) == 12
+        node = node_id(p)
         assert node not in noisy_run.position or noisy_run.position[node] in noisy_run.splits
     assert any("has NaN" in line for line in lines)
     assert any("'num-examples' is missing" in line for line in lines)

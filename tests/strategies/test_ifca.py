@@ -305,7 +305,8 @@ def test_hostile_replies_are_rejected_with_one_reason_and_never_reach_a_model(
             "integer in [0, 3)", "must list 3 losses", "above the minimum",
             "'num-examples' is missing", "expected float32[3]", "NaN or inf",
             "expected float32[3]", "must be a number in"], strict=False):
-        mine = [line for line in lines if f"node {node_id(partition)}:" in line]
+        mine = [line for line in lines
+                if f"node {node_id(partition)} (partition {partition}):" in line]
         assert len(mine) == 2 and fragment in mine[0], (partition, mine)
     assert not any(n in strategy.choice for n in (node_id(p) for p in rewrites))
 

@@ -548,6 +548,20 @@ def test_a_lying_array_beside_an_evaluation_changes_no_model(
     assert_model_shaped_and_finite(got)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_list_where_the_others_send_a_number_crashes_no_evaluation(name: str) -> None:
+    """Replies are ordered by their metrics before they are aggregated (so a seed gives
+    the same bits in any arrival order): a node whose ``eval-acc`` is a list, where the
+    others send a number, must be ordered too, and the run must train as the sound one.
+    """
+    def listed(reply: Message) -> Message:
+        reply.content["metrics"]["eval-acc"] = [0.5, 0.5]
+        return reply
+
+    got = run(name, {**sound_nodes(), BAD: liar("evaluate", listed)})
+    assert got.arrays == clean_run(name).arrays
+
+
 # --- RelayStrategy's engine without a strategy ------------------------------------------
 
 @each_lie(MORE_LIES)

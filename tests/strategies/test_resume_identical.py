@@ -53,7 +53,8 @@ from fedgsp_flwr.clients import HANDLERS, ClientHooks, register_hooks
 from fedgsp_flwr.clients.handlers import message_config
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.protocol import NUM_THREADS
-from fedgsp_flwr.strategies.state import record_arrays, to_record
+from fedgsp_flwr.strategies import saved
+from fedgsp_flwr.strategies.state import StrategyState, record_arrays, to_record
 from fedgsp_flwr.threads import ThreadHintGrid
 
 NODES, CLASSES, FEATURES = 4, 4, 6
@@ -350,11 +351,14 @@ CHECKPOINTS_0_6_0 = Path(__file__).parent / "data" / "checkpoints-0.6.0"
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_a_checkpoint_written_by_0_6_0_restores_whole(name: str) -> None:
     """What 0.6.0 wrote after round 1 of the hooked run (data/write_checkpoints.py at
-    6ff3bbe) restores into this version's strategy, and saved again it is the same
-    state, value for value and array for array."""
+    6ff3bbe) restores into this version's strategy, and saved again (through a
+    restore under other node ids and back) it is the same state, value for value and
+    array for array."""
     saved = load_checkpoint(CHECKPOINTS_0_6_0 / name).strategy
-    strategy = STRATEGIES[name]()
-    strategy.restore_state(saved, lambda node: node)
+    moved = STRATEGIES[name]()  # as if every node came back under another id ...
+    moved.restore_state(saved, lambda node: node + 1000)
+    strategy = STRATEGIES[name]()  # ... and then under its first one
+    strategy.restore_state(moved.checkpoint_state(), lambda node: node - 1000)
     again = strategy.checkpoint_state()
     assert json.loads(json.dumps(again.meta)) == saved.meta
     assert sorted(again.arrays) == sorted(saved.arrays)  # in any order: an npz is by name
@@ -372,3 +376,55 @@ def test_a_state_that_lacks_a_declared_field_is_refused_naming_it() -> None:
         strategy.restore_state(saved, lambda node: node)
     assert strategy.assignment == {} and strategy.centres is None  # nothing taken back
     assert strategy.known.partition_ids == {}
+
+
+@pytest.mark.parametrize("damage", ["lacks", "damaged"])
+def test_a_state_refused_for_what_it_knows_of_the_nodes_changes_nothing(damage: str) -> None:
+    saved = load_checkpoint(CHECKPOINTS_0_6_0 / "HierFL").strategy
+    if damage == "lacks":
+        del saved.meta["known"]["partition-ids"]
+        match = "lacks 'known/partition-ids'"
+    else:
+        del saved.arrays["generated-reach"]
+        match = "HierFL: the checkpoint's 'generated-nodes' cannot be read"
+    strategy = STRATEGIES["HierFL"]()
+    rng = strategy.rng.bit_generator.state
+    with pytest.raises(ValueError, match=match):
+        strategy.restore_state(saved, lambda node: node)
+    assert strategy.users == [] and strategy.edge_of == {} and strategy._generated == {}
+    assert strategy.rng.bit_generator.state == rng and strategy.known.partition_ids == {}
+
+
+def test_a_declared_field_is_saved_once_under_its_own_key() -> None:
+    class Base:
+        a = saved.node_map("a")
+        b = saved.node_set("b")
+
+    class Redefined(Base):
+        b = None  # no longer state
+
+    class Clash(Base):
+        c = saved.node_map("a")
+
+    assert [s.key for s in saved.declared(Redefined)] == ["a"]
+    with pytest.raises(TypeError, match="Clash: two saved attributes share the state "
+                                        "key\\(s\\) 'a'"):
+        saved.declared(Clash)
+    with pytest.raises(ValueError, match="key must name"):
+        saved.node_map("")
+
+    class Unset:
+        rng = saved.generator("rng")
+
+    with pytest.raises(AttributeError, match="Unset.rng is read before its __init__ set it"):
+        Unset().rng  # noqa: B018
+
+
+def test_an_optional_field_the_state_lacks_goes_back_to_its_initial_value() -> None:
+    class Holder:
+        seen = saved.node_map("seen", optional=True)
+
+    holder = Holder()
+    holder.seen = {3: 1}
+    saved.load_declared(holder, StrategyState(), lambda node: node)
+    assert holder.seen == {}
