@@ -40,7 +40,7 @@ from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 from ..core.arrays import as_dtype
 from . import saved
 from .decoding import values
-from .fedavg import FedAvg, check_parameters, run_checks
+from .fedavg import FedAvg, check_parameters
 from .progress import TrainingProgress
 
 
@@ -66,8 +66,10 @@ class _Validated:
     def __init__(self, *, max_untrained_rounds: int = 3, server_threads: int | None = None,
                  query_timeout: float = 300.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        FedAvg.spec.check_as(type(self).__name__, {
+            "max_untrained_rounds": max_untrained_rounds, "server_threads": server_threads,
+            "query_timeout": query_timeout})
         check_parameters(type(self).__name__, [
-            *run_checks(max_untrained_rounds, server_threads, query_timeout),
             (self.eta > 0, f"eta must be > 0, got {self.eta!r}"),
             (self.tau > 0, f"tau must be > 0, got {self.tau!r}"),
             (0 <= self.beta_1 < 1 and 0 <= self.beta_2 < 1,

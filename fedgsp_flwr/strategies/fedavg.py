@@ -26,13 +26,13 @@ from flwr.serverapp.strategy import Result
 
 from ..core._moved import moved
 from ..core.arrays import as_dtype
-from ..protocol import EVALUATE, PARTITION, PROXIMAL_MU, TRAIN
+from ..protocol import ARRAYS, CONFIG, EVALUATE, NUM_EXAMPLES, PARTITION, PROXIMAL_MU, TRAIN
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .decoding import values as array_values
 from .exchange import Exchange
-from .metrics import aggregate_metrics, metrics_order
+from .metrics import MetricsAggregation, aggregate_metrics, metrics_order
 from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
-from .params import Param, Spec, non_negative
+from .params import Configured, non_negative, positive, setting
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .rounds import EvaluateFn, TrainResult, run_rounds
@@ -53,17 +53,15 @@ def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:
             raise ValueError(f"{owner}: {message}")
 
 
-def run_checks(max_untrained_rounds: int, server_threads: int | None,
-               query_timeout: float) -> list[tuple[bool, str]]:
-    """The checks of FedAvg's own parameters, for :func:`check_parameters`."""
-    return [
-        (isinstance(query_timeout, (int, float)) and not isinstance(query_timeout, bool)
-         and query_timeout > 0, f"query_timeout must be > 0, got {query_timeout!r}"),
-        (type(max_untrained_rounds) is int and max_untrained_rounds >= 1,
-         f"max_untrained_rounds must be an integer >= 1, got {max_untrained_rounds!r}"),
-        (server_threads is None or (type(server_threads) is int and server_threads >= 1),
-         f"server_threads must be None or an integer >= 1, got {server_threads!r}"),
-    ]
+def ours_if_none(aggregation: MetricsAggregation | None) -> MetricsAggregation:
+    """``aggregation``, or :func:`~fedgsp_flwr.strategies.metrics.aggregate_metrics`
+    for ``None`` (which Flower's constructors pass on for "the default")."""
+    return aggregation or aggregate_metrics
+
+
+def unit(value: float) -> bool:
+    """In [0, 1]."""
+    return 0 <= value <= 1
 
 
 def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
@@ -137,7 +135,7 @@ class GroupModel:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-class FedAvg(FlowerFedAvg):
+class FedAvg(Configured, FlowerFedAvg):
     """Flower's FedAvg that validates each reply and keeps a per-round history.
 
     Takes the parameters of :class:`flwr.serverapp.strategy.FedAvg`. Unsound replies
@@ -165,6 +163,11 @@ class FedAvg(FlowerFedAvg):
 
     Parameters
     ----------
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+    min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
+    train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        :class:`flwr.serverapp.strategy.FedAvg`'s, with its defaults (the metric
+        aggregations: :func:`~fedgsp_flwr.strategies.metrics.aggregate_metrics`).
     max_untrained_rounds : int (default: 3)
         Rounds in a row without a trained model after which the run stops (>= 1).
     server_threads : int | None (default: None)
@@ -173,8 +176,6 @@ class FedAvg(FlowerFedAvg):
         :mod:`fedgsp_flwr.threads`), the process's setting in deployment.
     query_timeout : float (default: 300.0)
         Seconds to wait for the nodes' answers to a query (their partition ids here).
-    **kwargs : Any
-        :class:`flwr.serverapp.strategy.FedAvg`'s parameters.
 
     Attributes
     ----------
@@ -188,16 +189,45 @@ class FedAvg(FlowerFedAvg):
         The last model that trained, and the count of rounds without one.
     """
 
-    def __init__(self, *, max_untrained_rounds: int = 3, server_threads: int | None = None,
-                 query_timeout: float = 300.0, **kwargs: Any) -> None:
-        for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
-            kwargs[key] = kwargs.get(key) or aggregate_metrics
-        super().__init__(**kwargs)
-        check_parameters(type(self).__name__,
-                         run_checks(max_untrained_rounds, server_threads, query_timeout))
+    fraction_train: float = setting(default=1.0, help="share of the nodes sampled to "
+                                    "train each round", check=unit, rule="in [0, 1]")
+    fraction_evaluate: float = setting(default=1.0, help="share of the nodes sampled to "
+                                       "evaluate each round", check=unit, rule="in [0, 1]")
+    min_train_nodes: int = setting(default=2, help="fewest nodes to train a round",
+                                   check=non_negative, rule=">= 0")
+    min_evaluate_nodes: int = setting(default=2, help="fewest nodes to evaluate a round",
+                                      check=non_negative, rule=">= 0")
+    min_available_nodes: int = setting(default=2, help="nodes to wait for before a round",
+                                       check=non_negative, rule=">= 0")
+    weighted_by_key: str = setting(default=NUM_EXAMPLES,
+                                   help="the reply metric that weighs each reply")
+    arrayrecord_key: str = setting(default=ARRAYS, help="the model's record name")
+    configrecord_key: str = setting(default=CONFIG, help="the config's record name")
+    train_metrics_aggr_fn: MetricsAggregation = setting(
+        default=aggregate_metrics, help="aggregates the training metrics")
+    evaluate_metrics_aggr_fn: MetricsAggregation = setting(
+        default=aggregate_metrics, help="aggregates the evaluation metrics")
+    max_untrained_rounds: int = setting(
+        default=3, help="rounds in a row without a trained model that stop the run",
+        check=lambda v: v >= 1, rule=">= 1")
+    server_threads: int | None = setting(
+        default=None, help="BLAS threads for the strategy's numpy work (None: 1 under "
+        "Ray)", check=lambda v: v is None or (type(v) is int and v >= 1),
+        rule="None or an integer >= 1")
+    query_timeout: float = setting(default=300.0, help="seconds to wait for the nodes' "
+                                   "answers to a query", check=positive, rule="> 0")
+
+    def __post_init__(self) -> None:
+        FlowerFedAvg.__init__(
+            self, self.fraction_train, self.fraction_evaluate, self.min_train_nodes,
+            self.min_evaluate_nodes, self.min_available_nodes, self.weighted_by_key,
+            self.arrayrecord_key, self.configrecord_key,
+            ours_if_none(self.train_metrics_aggr_fn),
+            ours_if_none(self.evaluate_metrics_aggr_fn))
         self.history: dict[int, dict[str, Any]] = {}
         self._size_warned = False
-        self.take_run_options(max_untrained_rounds, server_threads, query_timeout)
+        self.take_run_options(self.max_untrained_rounds, self.server_threads,
+                              self.query_timeout)
         self.start_timeout = math.inf
         self._sent_arrays: ArrayRecord | None = None
         self._sent_count = 0
@@ -523,13 +553,6 @@ class FedAvg(FlowerFedAvg):
         entry[f"{prefix or TRAIN}-rejected"] = len(rejected)
 
 
-FEDPROX_PARAMS = Spec("FedProx", (
-    Param("proximal_mu", 0.0, "proximal term weight (the constructor's 0.0, Flower's "
-          "default, is FedAvg; the app's 0.01 makes FedProx differ)", non_negative, ">= 0",
-          key="fedprox-mu", app_default=0.01),
-))
-
-
 class FedProx(FedAvg):
     """FedProx (Li et al., 2020): FedAvg whose clients add ``proximal_mu``/2
     ||w - w_global||^2 to their loss.
@@ -541,14 +564,14 @@ class FedProx(FedAvg):
     ----------
     proximal_mu : float (default: 0.0)
         Weight of the proximal term (>= 0).
-    **kwargs : Any
-        FedAvg's parameters.
+    fraction_train, ..., query_timeout
+        :class:`FedAvg`'s.
     """
 
-    def __init__(self, *, proximal_mu: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        FEDPROX_PARAMS.check(proximal_mu=proximal_mu)
-        self.proximal_mu = proximal_mu
+    proximal_mu: float = setting(
+        default=0.0, help="proximal term weight (the constructor's 0.0, Flower's default, "
+        "is FedAvg; the app's 0.01 makes FedProx differ)", check=non_negative, rule=">= 0",
+        key="fedprox-mu", app_default=0.01)
 
     def summary(self) -> None:
         """Log the proximal weight, then FedAvg's settings."""
@@ -565,3 +588,6 @@ class FedProx(FedAvg):
 
 _MOVED = {"ServerSideRound": "fedgsp_flwr.strategies.server_round:ServerSideRound"}
 __getattr__ = moved(__name__, _MOVED)
+
+
+FEDPROX_PARAMS = FedProx.spec

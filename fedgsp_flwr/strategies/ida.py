@@ -5,7 +5,7 @@ the round's models (Yeganeh et al. 2020; :mod:`fedgsp_flwr.core.ida`).
 from __future__ import annotations
 
 from logging import INFO
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -16,16 +16,9 @@ from ..core.ida import inverse_distance_weights
 from .decoding import values as array_values
 from .fedavg import FedAvg
 from .metrics import reply_metrics
-from .params import Param, Spec
+from .params import setting
 
 WEIGHTINGS = ("inverse-distance", "inverse-distance-examples")
-PARAMS = Spec("IDA", (
-    Param("weighting", "inverse-distance", "server weights: inverse-distance (the "
-          "paper's IDA) | inverse-distance-examples (combined with FedAvg's example "
-          "counts)", choices=WEIGHTINGS, key="ida-weighting"),
-))
-
-
 class IDA(FedAvg):
     """Inverse distance aggregation over the validated replies.
 
@@ -43,14 +36,14 @@ class IDA(FedAvg):
         ``inverse-distance``: the paper's IDA, weights ~ 1 / distance to the mean model;
         ``inverse-distance-examples``: the paper's combination with FedAvg, weights ~
         examples / distance (``weighted_by_key`` gives the examples).
-    **kwargs : Any
-        :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`'s parameters.
+    fraction_train, ..., query_timeout
+        :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`'s.
     """
 
-    def __init__(self, *, weighting: str = "inverse-distance", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        PARAMS.check(weighting=weighting)
-        self.weighting = weighting
+    weighting: str = setting(
+        default="inverse-distance", help="server weights: inverse-distance (the paper's "
+        "IDA) | inverse-distance-examples (combined with FedAvg's example counts)",
+        choices=WEIGHTINGS, key="ida-weighting")
 
     def summary(self) -> None:
         """Log the weighting, then FedAvg's settings."""
@@ -78,3 +71,6 @@ class IDA(FedAvg):
             mean = sum(w * v.astype(np.float64) for w, v in zip(weights, values, strict=True))
             out[k] = Array(as_dtype(mean, values[0].dtype))
         return ArrayRecord(out)
+
+
+PARAMS = IDA.spec

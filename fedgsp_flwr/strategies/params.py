@@ -7,16 +7,21 @@ checks (:meth:`Spec.check`), the app's run-config keys with their types, default
 ranges (:class:`~fedgsp_flwr.app.config.RunConfig`), the arguments the app's registry
 passes (:meth:`Spec.arguments`) and the docs' parameter tables (the mkdocs hook
 ``docs/hooks/params.py``).
-The constructor still lists its parameters explicitly, so that ``help()`` and an IDE
-show them; a test fails when its signature and its spec disagree.
+A strategy built on :class:`Configured` declares them in its class body instead
+(``proximal_mu: float = setting(default=0.0, help=...)``): its constructor is generated
+from them, keyword-only, with every inherited one, so ``help()``, mypy and an IDE show
+each with its default (``typing.dataclass_transform``); its spec is ``cls.spec``. The
+others still list their parameters explicitly; a test fails when a signature and its
+spec disagree.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
 BASIC_TYPES = (bool, int, float, str)
 
@@ -57,9 +62,9 @@ class Param:
     app_default: bool | int | float | str | None = None
 
     def __post_init__(self) -> None:
-        if type(self.default) not in BASIC_TYPES:
+        if type(self.default) not in BASIC_TYPES and self.key is not None:
             raise TypeError(f"parameter {self.name}: default {self.default!r} is not a "
-                            "bool, int, float or str")
+                            "bool, int, float or str (a run-config key needs one)")
         if self.app_default is not None and self.problem(self.app_default):
             raise ValueError(f"parameter {self.name}: app_default {self.app_default!r} "
                              f"{self.problem(self.app_default)}")
@@ -91,6 +96,8 @@ class Param:
         """Why ``value`` is not allowed (``None``: it is): of the wrong type (an int is
         a float), not finite, or out of range."""
         expected = self.type
+        if expected not in BASIC_TYPES:  # an object (a callable, a mapping): its check
+            return None if self.allows(value) else f"must be {self.rule}, got {value!r}"
         if isinstance(value, bool) != (expected is bool) or not isinstance(
                 value, (int, float) if expected is float else expected):
             return f"must be of type {expected.__name__}, got {value!r}"
@@ -146,6 +153,77 @@ class Spec:
         their defaults)."""
         return {p.name: options[p.key] for p in self.keyed()
                 if p.key is not None and p.key in options}
+
+
+T = TypeVar("T")
+
+
+def setting(*, default: T, help: str, check: Callable[[Any], bool] | None = None,
+            rule: str = "", choices: tuple[str, ...] | None = None, key: str | None = None,
+            app_default: bool | float | str | None = None) -> T:
+    """A constructor parameter of a :class:`Configured` class, declared in its body
+    (the attributes of :class:`Param`; its name is the attribute's)."""
+    return cast(T, Param("", default, help, check, rule, choices, key, app_default))
+
+
+@dataclass_transform(kw_only_default=True, field_specifiers=(setting,))
+class Configured:
+    """A class whose constructor parameters are declared in its body with
+    :func:`setting`, and inherited.
+
+    The constructor takes each by keyword, checks every value against its declaration
+    (the bases' first; ``ValueError("<class>: <name> <problem>")``), sets it as an
+    attribute, then calls :meth:`__post_init__`, where a class builds what depends on
+    its parameters (calling ``super().__post_init__()`` first). A class that defines
+    ``__init__`` itself keeps it, and so do its subclasses.
+
+    Attributes
+    ----------
+    spec : Spec
+        The parameters the class declares itself.
+    """
+
+    spec: ClassVar[Spec] = Spec("Configured", ())
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = tuple(replace(value, name=name) for name, value in vars(cls).items()
+                    if isinstance(value, Param))
+        for param in own:
+            setattr(cls, param.name, param.default)
+        cls.spec = Spec(cls.__name__, own)
+        chain = cls.__mro__[:cls.__mro__.index(Configured)]
+        if all(getattr(vars(k).get("__init__"), "generated", "__init__" not in vars(k))
+               for k in chain):
+            cls.__init__ = _constructor(cls)  # type: ignore[method-assign]
+
+    def __post_init__(self) -> None:
+        """Build what depends on the parameters (subclasses; they are set by then)."""
+
+
+def _constructor(cls: type[Configured]) -> Callable[..., None]:
+    specs: list[Spec] = [vars(k)["spec"] for k in reversed(cls.__mro__) if "spec" in vars(k)]
+    params = {p.name: p for spec in specs for p in spec.params}
+
+    def __init__(self: Configured, **values: Any) -> None:
+        if unknown := sorted(set(values) - set(params)):
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) "
+                            f"{', '.join(unknown)}; it takes {', '.join(params)}")
+        values = {name: values.get(name, p.default) for name, p in params.items()}
+        for spec in specs:
+            spec.check_as(type(self).__name__, values)
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.__post_init__()
+
+    setattr(__init__, "generated", True)  # noqa: B010
+    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=p.default)
+           for name, p in params.items()])
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__doc__ = f"Take {cls.__name__}'s parameters (see the class)."
+    return __init__
 
 
 def positive(value: float) -> bool:

@@ -23,8 +23,9 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, TRAIN
 from .exchange import Screened, collect_reply_list, screen
-from .fedavg import FedAvg, array_bytes, check_parameters
+from .fedavg import FedAvg, array_bytes
 from .metrics import metrics_order
+from .params import positive, setting
 from .replies import reply_problem
 from .rounds import TrainResult, own_rounds_error
 
@@ -88,15 +89,13 @@ class ServerSideRound(FedAvg):
         Seconds to wait for the training (and evaluation) replies the strategy
         collects itself: a round's, an edge round's, a relay hop's. ``start()``'s
         ``timeout`` caps it.
-    **kwargs : Any
-        FedAvg's parameters.
+    fraction_train, ..., query_timeout
+        FedAvg's.
     """
 
-    def __init__(self, *, train_timeout: float = 3600.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        check_parameters(type(self).__name__, [
-            (train_timeout > 0, f"train_timeout must be > 0, got {train_timeout}")])
-        self.train_timeout = train_timeout
+    train_timeout: float = setting(
+        default=3600.0, help="seconds to wait for the replies the strategy collects "
+        "itself (capped by start()'s timeout)", check=positive, rule="> 0")
 
     @property
     def reply_timeout(self) -> float:

@@ -35,7 +35,8 @@ from fedgsp_flwr.strategies import (
     twostream,
 )
 from fedgsp_flwr.strategies.fedavg import FEDPROX_PARAMS
-from fedgsp_flwr.strategies.params import Param, Spec
+from fedgsp_flwr.strategies.metrics import aggregate_metrics
+from fedgsp_flwr.strategies.params import Configured, Param, Spec, setting
 from fedgsp_flwr.strategies.sequential import RelayStrategy
 
 SPECCED = {CFL: cfl.PARAMS, Ditto: ditto.PARAMS, HierFL: hierfl.PARAMS, IDA: ida.PARAMS,
@@ -99,8 +100,44 @@ def test_the_run_config_validates_spec_keys_and_the_registry_passes_them() -> No
 
 def test_a_spec_refuses_a_default_it_cannot_express() -> None:
     with pytest.raises(TypeError, match="is not a bool, int, float or str"):
-        Param("layers", None, "arrays")
+        Param("layers", None, "arrays", key="layers")  # a run-config key needs one
     with pytest.raises(ValueError, match="not one of"):
         Param("mode", "c", "a mode", choices=("a", "b"))
     with pytest.raises(ValueError, match="declared twice"):
         Spec("X", (Param("a", 1, "a"), Param("a", 2, "a")))
+
+
+def test_a_declared_constructor_takes_its_parameters_and_its_bases_in_order() -> None:
+    class Base(Configured):
+        a: int = setting(default=1, help="a", check=lambda v: v >= 0, rule=">= 0")
+
+        def __post_init__(self) -> None:
+            self.built = [("Base", self.a)]
+
+    class Child(Base):
+        b: str = setting(default="x", help="b", choices=("x", "y"))
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.built.append(("Child", self.b))
+
+    assert list(inspect.signature(Child).parameters) == ["a", "b"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY
+               for p in inspect.signature(Child).parameters.values())
+    assert Child(b="y").built == [("Base", 1), ("Child", "y")]
+    with pytest.raises(ValueError, match=r"^Child: a must be >= 0, got -1$"):
+        Child(a=-1)
+    with pytest.raises(TypeError, match=r"^Child\(\) got unexpected keyword argument\(s\) c; "
+                                        "it takes a, b$"):
+        Child(c=1)
+    with pytest.raises(TypeError, match="positional"):
+        Child(1)  # type: ignore[misc]
+    assert Child.spec.params == (Param("b", "x", "b", choices=("x", "y")),)
+
+
+def test_a_declared_strategy_takes_flowers_parameters_and_passes_them_on() -> None:
+    strategy = FedProx(fraction_train=0.5, min_available_nodes=7, proximal_mu=0.1)
+    assert (strategy.fraction_train, strategy.min_available_nodes) == (0.5, 7)
+    assert strategy.train_metrics_aggr_fn is aggregate_metrics
+    assert FedProx(fraction_evaluate=0.0).min_evaluate_nodes == 0  # as Flower's does
+    assert "proximal_mu" in inspect.signature(FedProx).parameters
