@@ -75,7 +75,7 @@ def table(spec: Any) -> str:
         if param.app_default is not None:
             default += f" (the app: `{literal(param.app_default)}`)"
         rows.append(
-            f"| `{param.name}` | {key} | {default} | {cell(param.range) or 'any'} "
+            f"| `{param.keyword}` | {key} | {default} | {cell(param.range) or 'any'} "
             f"| {cell(param.help)} |")
     return "\n".join(rows)
 

@@ -22,32 +22,10 @@ from ..core.grouping import (
     shuffled,
 )
 from . import saved
-from .fedavg import check_parameters
-from .params import Param, Spec, positive
+from .params import positive, setting
 from .sequential import RelayStrategy
 
 GROUPINGS = ("icg", "random")
-PARAMS = Spec("FedGSP", (
-    Param("growth", "log", "growth function of the number of groups",
-          choices=GROWTH_FUNCTIONS, key="fedgsp-growth"),
-    Param("alpha", 2.0, "growth rate alpha", positive, "> 0", key="fedgsp-growth-alpha"),
-    Param("beta", 10, "initial number of groups and growth span beta (the paper: 10 for "
-          "368 clients; the app's 1 starts with one chain through all nodes)", positive,
-          "> 0", key="fedgsp-growth-beta", app_default=1),
-    Param("kappa", 0.3, "fraction of groups sampled per round", lambda v: 0 < v <= 1,
-          "in (0, 1]", key="fedgsp-kappa"),
-    Param("grouping", "icg", "icg or random (the app: by strategy name)", choices=GROUPINGS),
-    Param("icg_iterations", 10, "ICG's maximum iterations (tau)", positive, "> 0",
-          key="fedgsp-icg-iterations"),
-    Param("icg_leftover", "drop", "ICG clients outside the equal-size clusters: drop (the "
-          "paper: they sit the round out) or distribute (ours: they join groups)",
-          choices=LEFTOVER_POLICIES, key="fedgsp-icg-leftover"),
-    Param("icg_normalize", False, "ICG clusters label proportions, not counts",
-          key="fedgsp-icg-normalize"),
-    Param("icg_balance", False, "rearrange ICG's one-per-cluster draw to equalise group "
-          "distributions (ours; false = the paper's random draw)", key="fedgsp-icg-balance"),
-    Param("cpd_sigma", 1.0, "kernel width of the CPD metric", positive, "> 0"),
-))
 
 
 class FedGSP(RelayStrategy):
@@ -104,9 +82,10 @@ class FedGSP(RelayStrategy):
         set, as the paper's naive versions do; regroup every round otherwise).
     cpd_sigma : float (default: 1.0)
         Kernel width of the CPD metric.
-    **kwargs : Any
-        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy` parameters
-        (``train_timeout``, ``query_timeout``, ``relay_message_type``, ...) and FedAvg's.
+    relay_message_type, weighted_average, poll_interval, seed, train_timeout
+        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy`'s.
+    fraction_train, ..., query_timeout
+        FedAvg's.
     """
 
     histogram_fallback = ("nodes without a histogram are grouped at random (no ICG)")
@@ -114,36 +93,41 @@ class FedGSP(RelayStrategy):
     # The state a checkpoint saves (node ids translated on resume):
     groups = saved.node_lists("fedgsp-groups")  # the static groups, in training order
 
-    def __init__(
-        self,
-        *,
-        growth: str = "log",
-        alpha: float = 2.0,
-        beta: int = 10,
-        kappa: float = 0.3,
-        grouping: str = "icg",
-        num_groups: int | None = None,
-        icg_iterations: int = 10,
-        icg_leftover: str = "drop",
-        icg_normalize: bool = False,
-        icg_balance: bool = False,
-        static_groups: bool | None = None,
-        cpd_sigma: float = 1.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        PARAMS.check(growth=growth, alpha=alpha, beta=beta, kappa=kappa, grouping=grouping,
-                     icg_iterations=icg_iterations, icg_leftover=icg_leftover,
-                     icg_normalize=icg_normalize, icg_balance=icg_balance,
-                     cpd_sigma=cpd_sigma)
-        check_parameters("FedGSP", [(num_groups is None or num_groups >= 1,
-                                     "num_groups must be >= 1 or None")])
-        self.growth, self.alpha, self.beta, self.kappa = growth, alpha, beta, kappa
-        self.grouping, self.num_groups = grouping, num_groups
-        self.icg_iterations, self.icg_leftover = icg_iterations, icg_leftover
-        self.icg_normalize, self.icg_balance = icg_normalize, icg_balance
-        self.cpd_sigma = cpd_sigma
-        self.static_groups = num_groups is not None if static_groups is None else static_groups
+    growth: str = setting(default="log", help="growth function of the number of groups",
+                          choices=GROWTH_FUNCTIONS, key="fedgsp-growth")
+    alpha: float = setting(default=2.0, help="growth rate alpha", check=positive,
+                           rule="> 0", key="fedgsp-growth-alpha")
+    beta: int = setting(
+        default=10, help="initial number of groups and growth span beta (the paper: 10 "
+        "for 368 clients; the app's 1 starts with one chain through all nodes)",
+        check=positive, rule="> 0", key="fedgsp-growth-beta", app_default=1)
+    kappa: float = setting(default=0.3, help="fraction of groups sampled per round",
+                           check=lambda v: 0 < v <= 1, rule="in (0, 1]", key="fedgsp-kappa")
+    grouping: str = setting(default="icg", help="icg or random (the app: by strategy "
+                            "name)", choices=GROUPINGS)
+    num_groups: int | None = setting(default=None, help="a fixed number of groups",
+                                     check=lambda v: v is None or v >= 1,
+                                     rule="None or >= 1")
+    icg_iterations: int = setting(default=10, help="ICG's maximum iterations (tau)",
+                                  check=positive, rule="> 0", key="fedgsp-icg-iterations")
+    icg_leftover: str = setting(
+        default="drop", help="ICG clients outside the equal-size clusters: drop (the "
+        "paper: they sit the round out) or distribute (ours: they join groups)",
+        choices=LEFTOVER_POLICIES, key="fedgsp-icg-leftover")
+    icg_normalize: bool = setting(default=False, help="ICG clusters label proportions, "
+                                  "not counts", key="fedgsp-icg-normalize")
+    icg_balance: bool = setting(
+        default=False, help="rearrange ICG's one-per-cluster draw to equalise group "
+        "distributions (ours; false = the paper's random draw)", key="fedgsp-icg-balance")
+    static_groups: bool | None = setting(default=None, help="keep the first round's "
+                                         "groups (None: when num_groups is set)")
+    cpd_sigma: float = setting(default=1.0, help="kernel width of the CPD metric",
+                               check=positive, rule="> 0")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.static_groups is None:
+            self.static_groups = self.num_groups is not None
         self._connected = 0
 
     def summary(self) -> None:
@@ -211,3 +195,6 @@ class FedGSP(RelayStrategy):
         join_smallest(self.groups, present, [n for n in nodes if n not in grouped])
         live = [g for g in ([n for n in group if n in present] for group in self.groups) if g]
         return live, [live[i] for i in sample_groups(len(live), self.kappa, self.rng)]
+
+
+PARAMS = FedGSP.spec

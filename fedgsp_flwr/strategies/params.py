@@ -33,7 +33,7 @@ class Param:
     Attributes
     ----------
     name : str
-        The constructor's keyword.
+        The attribute, and the constructor's keyword unless ``alias`` is set.
     default : Any
         Its default (a bool, int, float or str), the run config's too unless
         ``app_default`` is set.
@@ -50,6 +50,9 @@ class Param:
     app_default : bool | int | float | str | None
         The bundled app's default for the key, where it differs from the constructor's
         (``None``: the same); ``help`` says why.
+    alias : str | None
+        The constructor's keyword where it differs from the attribute ``name`` (a
+        declared class: a name its state already uses).
     """
 
     name: str
@@ -60,6 +63,12 @@ class Param:
     choices: tuple[str, ...] | None = None
     key: str | None = None
     app_default: bool | int | float | str | None = None
+    alias: str | None = None
+
+    @property
+    def keyword(self) -> str:
+        """The constructor's keyword for it."""
+        return self.alias or self.name
 
     def __post_init__(self) -> None:
         if type(self.default) not in BASIC_TYPES and self.key is not None:
@@ -123,7 +132,7 @@ class Spec:
     params: tuple[Param, ...]
 
     def __post_init__(self) -> None:
-        names = [p.name for p in self.params]
+        names = [p.keyword for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.owner}: a parameter is declared twice in {names}")
 
@@ -141,8 +150,8 @@ class Spec:
     def check_as(self, owner: str, values: Mapping[str, Any]) -> None:
         """:meth:`check`, the message naming ``owner`` (a subclass) instead."""
         for param in self.params:
-            if param.name in values and (problem := param.problem(values[param.name])):
-                raise ValueError(f"{owner}: {param.name} {problem}")
+            if param.keyword in values and (problem := param.problem(values[param.keyword])):
+                raise ValueError(f"{owner}: {param.keyword} {problem}")
 
     def keyed(self) -> tuple[Param, ...]:
         """The parameters the run config can set."""
@@ -151,7 +160,7 @@ class Spec:
     def arguments(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Constructor arguments from run-config values (by key; missing keys keep
         their defaults)."""
-        return {p.name: options[p.key] for p in self.keyed()
+        return {p.keyword: options[p.key] for p in self.keyed()
                 if p.key is not None and p.key in options}
 
 
@@ -160,10 +169,11 @@ T = TypeVar("T")
 
 def setting(*, default: T, help: str, check: Callable[[Any], bool] | None = None,
             rule: str = "", choices: tuple[str, ...] | None = None, key: str | None = None,
-            app_default: bool | float | str | None = None) -> T:
+            app_default: bool | float | str | None = None, alias: str | None = None
+            ) -> T:
     """A constructor parameter of a :class:`Configured` class, declared in its body
     (the attributes of :class:`Param`; its name is the attribute's)."""
-    return cast(T, Param("", default, help, check, rule, choices, key, app_default))
+    return cast(T, Param("", default, help, check, rule, choices, key, app_default, alias))
 
 
 @dataclass_transform(kw_only_default=True, field_specifiers=(setting,))
@@ -203,24 +213,24 @@ class Configured:
 
 def _constructor(cls: type[Configured]) -> Callable[..., None]:
     specs: list[Spec] = [vars(k)["spec"] for k in reversed(cls.__mro__) if "spec" in vars(k)]
-    params = {p.name: p for spec in specs for p in spec.params}
+    params = {p.keyword: p for spec in specs for p in spec.params}
 
     def __init__(self: Configured, **values: Any) -> None:
         if unknown := sorted(set(values) - set(params)):
             raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) "
                             f"{', '.join(unknown)}; it takes {', '.join(params)}")
-        values = {name: values.get(name, p.default) for name, p in params.items()}
+        values = {keyword: values.get(keyword, p.default) for keyword, p in params.items()}
         for spec in specs:
             spec.check_as(type(self).__name__, values)
-        for name, value in values.items():
-            setattr(self, name, value)
+        for keyword, value in values.items():
+            setattr(self, params[keyword].name, value)
         self.__post_init__()
 
     setattr(__init__, "generated", True)  # noqa: B010
     __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=p.default)
-           for name, p in params.items()])
+        + [inspect.Parameter(keyword, inspect.Parameter.KEYWORD_ONLY, default=p.default)
+           for keyword, p in params.items()])
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__doc__ = f"Take {cls.__name__}'s parameters (see the class)."
     return __init__

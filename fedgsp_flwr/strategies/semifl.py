@@ -24,21 +24,10 @@ from ..core.cluster_rules import (
 from ..protocol import CLUSTER_ID, PARTITION_ID
 from . import saved
 from .fedavg import GroupModel, check_parameters
-from .params import Param, Spec, non_negative, positive
+from .params import non_negative, positive, setting
 from .sequential import RelayStrategy
 
 CLUSTER_SOURCES = (*CLUSTER_RULES, "node-config", "file")
-PARAMS = Spec("SemiFL", (
-    Param("cluster_size", 10, "clients per cluster of the rules", positive, "> 0",
-          key="semifl-cluster-size"),
-    Param("offset", 0, "label-homogeneous: rotate the class-sorted clients by this many "
-          "before cutting (half a cluster = the paper's c2)", non_negative, ">= 0",
-          key="semifl-offset"),
-    Param("shuffle_order", False, "shuffle each cluster's order every round (false = one "
-          "fixed order)", key="semifl-shuffle"),
-    Param("weighted_average", False, "average cluster models by examples (false = "
-          "uniform, the paper)", key="semifl-weighted"),
-))
 
 
 def load_cluster_assignment(path: str | Path) -> dict[int, int]:
@@ -117,9 +106,10 @@ class SemiFL(RelayStrategy):
     weighted_average : bool (default: False)
         Weight the cluster models by their examples; ``False`` is the paper's uniform
         mean.
-    **kwargs : Any
-        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy` and FedAvg
-        parameters (``train_timeout``, ``query_timeout``, ``relay_message_type``, ...).
+    relay_message_type, poll_interval, seed, train_timeout
+        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy`'s.
+    fraction_train, ..., query_timeout
+        FedAvg's.
     """
 
     histogram_fallback = ("nodes without a histogram join the clusters in node order, "
@@ -128,32 +118,32 @@ class SemiFL(RelayStrategy):
     # The state a checkpoint saves (node ids translated on resume):
     clusters = saved.node_lists_by_id("clusters")  # cluster -> its members
 
-    def __init__(
-        self,
-        *,
-        clusters: str = "c3",
-        cluster_size: int = 10,
-        offset: int = 0,
-        assignment: Mapping[int, int] | None = None,
-        shuffle_order: bool = False,
-        weighted_average: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(weighted_average=weighted_average, **kwargs)
-        checks = [
-            (clusters in CLUSTER_SOURCES,
-             f"clusters must be one of {CLUSTER_SOURCES}, got {clusters!r}"),
-            ((clusters == "file") == (assignment is not None),
-             "clusters='file' needs an assignment, and only it takes one"),
-            (assignment is None or all(c >= 0 for c in assignment.values()),
-             "assignment cluster ids must be >= 0"),
-        ]
-        check_parameters("SemiFL", checks)
-        PARAMS.check(cluster_size=cluster_size, offset=offset, shuffle_order=shuffle_order,
-                     weighted_average=weighted_average)
-        self.source, self.cluster_size, self.offset = clusters, cluster_size, offset
-        self.assignment = dict(assignment or {})
-        self.shuffle_order = shuffle_order
+    source: str = setting(default="c3", help="where the clusters come from: a rule "
+                          "(c1-c4), node-config or file", choices=CLUSTER_SOURCES,
+                          alias="clusters")
+    cluster_size: int = setting(default=10, help="clients per cluster of the rules",
+                                check=positive, rule="> 0", key="semifl-cluster-size")
+    offset: int = setting(
+        default=0, help="label-homogeneous: rotate the class-sorted clients by this many "
+        "before cutting (half a cluster = the paper's c2)", check=non_negative, rule=">= 0",
+        key="semifl-offset")
+    assignment: Mapping[int, int] | None = setting(
+        default=None, help="partition id -> cluster id, for clusters='file'",
+        check=lambda v: v is None or all(c >= 0 for c in v.values()),
+        rule="None or cluster ids >= 0")
+    shuffle_order: bool = setting(default=False, help="shuffle each cluster's order every "
+                                  "round (false = one fixed order)", key="semifl-shuffle")
+    weighted_average: bool = setting(default=False, help="average cluster models by "
+                                     "examples (false = uniform, the paper)",
+                                     key="semifl-weighted")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_parameters("SemiFL", [
+            ((self.source == "file") == (self.assignment is not None),
+             "clusters='file' needs an assignment, and only it takes one")])
+        if self.assignment is not None:
+            self.assignment = dict(self.assignment)
 
     def summary(self) -> None:
         """Log Semi-FL's settings, then the relay's and FedAvg's."""
@@ -176,7 +166,7 @@ class SemiFL(RelayStrategy):
         if self.source == "node-config":
             return self.known.cluster_ids.get(node)
         partition = self.known.partition_ids.get(node)
-        if self.source == "file" and partition is not None:
+        if self.assignment is not None and partition is not None:  # clusters="file"
             return self.assignment.get(partition)
         return None
 
@@ -247,3 +237,6 @@ class SemiFL(RelayStrategy):
         log(INFO, "SemiFL round %d: %d clusters over %d reachable nodes", server_round,
             len(chains), len(reachable))
         return chains, metrics
+
+
+PARAMS = SemiFL.spec

@@ -20,7 +20,7 @@ from .exchange import MAX_POLL_INTERVAL
 from .fedavg import GroupModel, average_arrays
 from .metrics import MetricsAggregation
 from .node_registry import NodeRegistry, node_label
-from .params import Param, Spec, non_negative, positive
+from .params import non_negative, positive, setting
 from .relay import HOP_LOST, HOP_OK, HOP_TIMEOUT, ChainResult, run_relay
 from .rounds import TrainResult
 from .server_round import ServerSideRound
@@ -33,23 +33,6 @@ def relay_message_type_problem(message_type: str) -> str | None:
         return (f"relay_message_type must be 'train' or 'train.<identifier>', "
                 f"got {message_type!r}")
     return None
-
-
-PARAMS = Spec("RelayStrategy", (
-    Param("relay_message_type", TRAIN, "message type of relay hops (train: any "
-          "ClientApp's train handler; a node without a train.<name> handler gets train)",
-          lambda v: relay_message_type_problem(v) is None,
-          "'train' or 'train.<identifier>'", key="relay-message"),
-    Param("weighted_average", True, "average the chains' models by the examples trained "
-          "along each (false: the uniform mean)"),
-    Param("poll_interval", 0.02, "seconds the relay waits after a poll that brought no "
-          f"hop reply, doubled with each further empty poll up to {MAX_POLL_INTERVAL:g} (or "
-          "this value if longer; 3.0 behaves as send_and_receive in deployment)", positive,
-          "> 0",
-          key="relay-poll"),
-    Param("seed", 0, "seed of the grouping, sampling and orders (the app: its seed)",
-          non_negative, ">= 0"),
-))
 
 
 class RelayStrategy(ServerSideRound):
@@ -80,11 +63,11 @@ class RelayStrategy(ServerSideRound):
         Seconds between polls for hop replies while none arrived.
     seed : int (default: 0)
         Seed of the strategy's own random choices (grouping, sampling, order).
-    **kwargs : Any
-        :class:`~fedgsp_flwr.strategies.server_round.ServerSideRound`'s and FedAvg's
-        parameters (sampling of evaluation nodes, keys, ...), among them
-        ``train_timeout`` (float, default 3600.0): seconds a node may take for one hop
-        before it is skipped (capped by ``start()``'s ``timeout``).
+    train_timeout : float (default: 3600.0)
+        Seconds a node may take for one hop before it is skipped (capped by
+        ``start()``'s ``timeout``).
+    fraction_train, ..., max_untrained_rounds, server_threads
+        FedAvg's (sampling of evaluation nodes, keys, ...).
     """
 
     histogram_fallback = "nodes without a histogram are grouped at random"
@@ -93,27 +76,27 @@ class RelayStrategy(ServerSideRound):
     rng = saved.generator("relay-rng")
     plain_nodes = saved.node_set("relay-plain-nodes", optional=True)  # no relay handler
     # Every round's chains in hop order, by partition id where known (chains.json).
-    chain_log: saved.Saved[dict[int, list[list[int | str]]]] = saved.int_keyed(
-        "relay-chains", optional=True)
+    chain_log = saved.int_keyed("relay-chains", optional=True)
 
-    def __init__(
-        self,
-        *,
-        query_timeout: float = 300.0,
-        relay_message_type: str = TRAIN,
-        weighted_average: bool = True,
-        poll_interval: float = 0.02,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(query_timeout=query_timeout, **kwargs)
-        PARAMS.check_as(type(self).__name__, {
-            "relay_message_type": relay_message_type, "weighted_average": weighted_average,
-            "poll_interval": poll_interval, "seed": seed})
-        self.relay_message_type = relay_message_type
-        self.weighted_average = weighted_average
-        self.poll_interval = poll_interval
-        self.rng = np.random.default_rng(seed)
+    relay_message_type: str = setting(
+        default=TRAIN, help="message type of relay hops (train: any ClientApp's train "
+        "handler; a node without a train.<name> handler gets train)",
+        check=lambda v: relay_message_type_problem(v) is None,
+        rule="'train' or 'train.<identifier>'", key="relay-message")
+    weighted_average: bool = setting(default=True, help="average the chains' models by "
+                                     "the examples trained along each (false: the "
+                                     "uniform mean)")
+    poll_interval: float = setting(
+        default=0.02, help="seconds the relay waits after a poll that brought no hop "
+        f"reply, doubled with each further empty poll up to {MAX_POLL_INTERVAL:g} (or "
+        "this value if longer; 3.0 behaves as send_and_receive in deployment)",
+        check=positive, rule="> 0", key="relay-poll")
+    seed: int = setting(default=0, help="seed of the grouping, sampling and orders (the "
+                        "app: its seed)", check=non_negative, rule=">= 0")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.rng = np.random.default_rng(self.seed)
         self.last_chains: list[ChainResult] = []
 
     def registry(self) -> NodeRegistry:
@@ -208,3 +191,6 @@ def relay_metrics(results: Sequence[ChainResult], seconds: float,
         "hop-latency-mean": float(np.mean([h.latency for h in hops])) if hops else 0.0,
     })
     return metrics
+
+
+PARAMS = RelayStrategy.spec

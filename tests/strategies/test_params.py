@@ -65,11 +65,12 @@ def test_the_signature_declares_each_spec_parameter_with_its_default(cls: type) 
     spec = SPECCED[cls]
     signature = inspect.signature(cls.__init__).parameters
     for param in spec.params:
-        assert param.name in signature, f"{spec.owner}() lacks parameter {param.name}"
-        assert signature[param.name].kind is inspect.Parameter.KEYWORD_ONLY
-        assert signature[param.name].default == param.default, (
-            f"{spec.owner}({param.name}=...): the signature's default "
-            f"{signature[param.name].default!r}, the spec's {param.default!r}")
+        name = param.keyword
+        assert name in signature, f"{spec.owner}() lacks parameter {name}"
+        assert signature[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert signature[name].default == param.default, (
+            f"{spec.owner}({name}=...): the signature's default "
+            f"{signature[name].default!r}, the spec's {param.default!r}")
 
 
 def test_the_constructor_refuses_what_its_spec_refuses() -> None:
