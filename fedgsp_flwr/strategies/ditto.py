@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from logging import INFO, WARNING
-from typing import Any
 
 from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
@@ -22,7 +21,7 @@ from ..protocol import (
 from .fedavg import check_parameters
 from .hooked import HookedTrain
 from .metrics import reply_metrics
-from .params import Param, Spec, non_negative
+from .params import non_negative, setting
 
 FALLBACKS = {
     TRAIN_DITTO: "plain 'train' and 'evaluate' messages: Ditto reduces to FedAvg (no "
@@ -32,16 +31,6 @@ FALLBACKS = {
                    "train but are not scored ('eval-personal-clients' is 0)",
 }
 
-PARAMS = Spec("Ditto", (
-    Param("lambda_", 1.0, "weight of the personal models' pull to the global model (0 = "
-          "local training; the authors' run scripts: 1; keep lr * lambda <= 1)",
-          non_negative, ">= 0", key="ditto-lambda"),
-    Param("personal_epochs", 0, "local epochs of the personal model (0 = as the global "
-          "model's: the authors' code)", non_negative, ">= 0", key="ditto-personal-epochs"),
-    Param("personal_steps", 0, "mini-batch steps of the personal model instead of epochs "
-          "(0 = not by steps; set at most one of the two)", non_negative, ">= 0",
-          key="ditto-personal-steps"),
-))
 
 
 class Ditto(HookedTrain):
@@ -92,9 +81,9 @@ class Ditto(HookedTrain):
     personal_steps : int (default: 0)
         Mini-batch steps of the personal model instead (0: not by steps). At most one
         of ``personal_epochs`` and ``personal_steps`` is > 0.
-    **kwargs : Any
-        ``train_timeout`` and FedAvg parameters (``fraction_train``,
-        ``fraction_evaluate``, ``min_available_nodes``, ...).
+    train_timeout, fraction_train, ..., query_timeout
+        ServerSideRound's and FedAvg's (``fraction_train``, ``fraction_evaluate``,
+        ``min_available_nodes``, ...).
 
     Attributes
     ----------
@@ -103,17 +92,26 @@ class Ditto(HookedTrain):
         are evaluated with plain messages).
     """
 
-    def __init__(self, *, lambda_: float = 1.0, personal_epochs: int = 0,
-                 personal_steps: int = 0, **kwargs: Any) -> None:
-        super().__init__(owner="Ditto", train_type=TRAIN_DITTO, fallbacks=FALLBACKS,
-                         hooked_metric="personal-clients", evaluate_type=EVALUATE_DITTO,
-                         **kwargs)
-        PARAMS.check(lambda_=lambda_, personal_epochs=personal_epochs,
-                     personal_steps=personal_steps)
-        check_parameters("Ditto", [(not (personal_epochs and personal_steps),
+    owner, train_type, fallbacks = "Ditto", TRAIN_DITTO, FALLBACKS
+    hooked_metric, evaluate_type = "personal-clients", EVALUATE_DITTO
+
+    lambda_: float = setting(
+        default=1.0, help="weight of the personal models' pull to the global model (0 = "
+        "local training; the authors' run scripts: 1; keep lr * lambda <= 1)",
+        check=non_negative, rule=">= 0", key="ditto-lambda")
+    personal_epochs: int = setting(
+        default=0, help="local epochs of the personal model (0 = as the global model's: "
+        "the authors' code)", check=non_negative, rule=">= 0", key="ditto-personal-epochs")
+    personal_steps: int = setting(
+        default=0, help="mini-batch steps of the personal model instead of epochs (0 = "
+        "not by steps; set at most one of the two)", check=non_negative, rule=">= 0",
+        key="ditto-personal-steps")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_parameters("Ditto", [(not (self.personal_epochs and self.personal_steps),
                                     "set at most one of personal_epochs and personal_steps")])
-        self.lambda_ = float(lambda_)
-        self.personal_epochs, self.personal_steps = personal_epochs, personal_steps
+        self.lambda_ = float(self.lambda_)
         self._personal_scored = 0
         self._step_checked = False
 
@@ -168,3 +166,6 @@ class Ditto(HookedTrain):
         """``eval-personal-clients``: the round's sound replies that scored a personal
         model."""
         return {"eval-personal-clients": self._personal_scored}
+
+
+PARAMS = Ditto.spec

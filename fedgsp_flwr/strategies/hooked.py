@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from logging import WARNING
-from typing import Any, cast
+from typing import ClassVar, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
@@ -53,20 +53,11 @@ class HookedTrain(ServerSideRound):
     (:meth:`complete_eval_reply`), and name the count of nodes that ran the hook
     (``hooked_metric``).
 
-    Parameters
-    ----------
-    owner : str
-        The strategy's name, for the log.
-    train_type : str
-        The hook's message type.
-    fallbacks : Mapping[str, str]
-        What happens instead, by message type.
-    hooked_metric : str
-        Per-round metric: the nodes that trained with the hook.
-    evaluate_type : str | None (default: None)
-        The hook's evaluation message type (None: plain ``evaluate``).
-    **kwargs : Any
-        ``train_timeout`` and FedAvg's parameters.
+    A subclass names, as class attributes, its ``owner`` (the strategy's name, for the
+    log), ``train_type`` (the hook's message type), ``fallbacks`` (what happens
+    instead, by message type), ``hooked_metric`` (per-round metric: the nodes that
+    trained with the hook) and ``evaluate_type`` (the hook's evaluation message type;
+    ``None``: plain ``evaluate``). Its parameters are ServerSideRound's and FedAvg's.
 
     Attributes
     ----------
@@ -74,18 +65,20 @@ class HookedTrain(ServerSideRound):
         Nodes whose ClientApp has no ``train_type`` handler, with why.
     """
 
+    owner: ClassVar[str]
+    train_type: ClassVar[str]
+    fallbacks: ClassVar[Mapping[str, str]]
+    hooked_metric: ClassVar[str]
+    evaluate_type: ClassVar[str | None] = None
+
     # The state a checkpoint saves (node ids translated on resume):
-    hooks: saved.Saved[HookSupport] = saved.learnt("hooks")  # the handlers found missing
-    plain: saved.Saved[dict[int, str]] = saved.node_map("plain", optional=True)  # -> why
+    hooks = saved.learnt("hooks", HookSupport)  # the handlers found missing
+    plain = saved.node_map("plain", optional=True)  # node -> why
     _plain_eval = saved.node_set("plain-eval", optional=True)  # lack evaluate_type alone
 
-    def __init__(self, *, owner: str, train_type: str, fallbacks: Mapping[str, str],
-                 hooked_metric: str, evaluate_type: str | None = None, **kwargs: Any
-                 ) -> None:
-        super().__init__(**kwargs)
-        self.owner, self.train_type, self.hooked_metric = owner, train_type, hooked_metric
-        self.evaluate_type = evaluate_type
-        self.hooks = HookSupport(owner, fallbacks)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.hooks = HookSupport(self.owner, self.fallbacks)
 
     # --- messages ---------------------------------------------------------------------
 

@@ -207,7 +207,7 @@ class IFCA(ServerSideRound):
     plain: saved.Saved[dict[int, str]] = saved.node_map("plain")  # no train.ifca: why
     warmup_group: saved.Saved[dict[int, int]] = saved.node_map("warmup-groups")
     rounds_run: saved.Saved[int] = saved.value("rounds-run", int, int)
-    hooks: saved.Saved[HookSupport] = saved.learnt("hooks")
+    hooks = saved.learnt("hooks", HookSupport)
 
     def __init__(
         self,

@@ -207,10 +207,14 @@ class Learnt(Protocol):
     def restore(self, state: Mapping[str, Any]) -> None: ...
 
 
-def learnt(key: str) -> Saved[Any]:
-    """An object set in ``__init__`` that saves itself as JSON (``state()``) and takes
-    it back in place (``restore()``); older checkpoints may lack it."""
-    def load(state: StrategyState, key: str, _: NodeMap, current: Learnt) -> Learnt:
+L = TypeVar("L", bound=Learnt)
+
+
+def learnt(key: str, kind: type[L]) -> Saved[L]:
+    """An object of ``kind`` set in ``__init__`` that saves itself as JSON
+    (``state()``) and takes it back in place (``restore()``); older checkpoints may
+    lack it."""
+    def load(state: StrategyState, key: str, _: NodeMap, current: L) -> L:
         current.restore(state.meta[key])
         return current
     return Saved(key, _unset, lambda obj, state, key: _meta(obj.state(), state, key), load,

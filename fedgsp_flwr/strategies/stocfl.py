@@ -204,7 +204,7 @@ class StoCFL(ServerSideRound):
     held_out = saved.node_set("held-out")
     _decided = saved.node_set("decided")  # nodes whose hold-out draw is done
     suspects = saved.node_set("suspects")  # nodes that did not answer their last message
-    hooks: saved.Saved[HookSupport] = saved.learnt("hooks")
+    hooks = saved.learnt("hooks", HookSupport)
     eval_partitions: saved.Saved[dict[int, int]] = saved.node_map(  # with an eval sketch
         "eval-partitions", optional=True)
     clustering = saved.part("clustering", SketchClustering.state, SketchClustering.from_state)

@@ -5,7 +5,7 @@ clients' step; both need our client handler and fall back to FedAvg without it."
 from __future__ import annotations
 
 from logging import INFO
-from typing import Any
+from types import MappingProxyType
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
@@ -15,7 +15,7 @@ from ..core.fusion import init_fusion, split_fusion
 from ..protocol import ARRAYS, EVALUATE_FEDFUSION, MMD_WEIGHT, TRAIN_FEDFUSION, TRAIN_FEDMMD
 from .decoding import values
 from .hooked import HookedTrain, retyped
-from .params import Param, Spec, non_negative
+from .params import non_negative, setting
 
 
 def without_fusion(arrays: ArrayRecord) -> ArrayRecord:
@@ -23,20 +23,13 @@ def without_fusion(arrays: ArrayRecord) -> ArrayRecord:
     base, fused = split_fusion(list(arrays.keys()))
     return ArrayRecord({k: arrays[k] for k in base}) if fused else arrays
 
-FEDMMD_PARAMS = Spec("FedMMD", (
-    Param("mmd_weight", fedmmd.DEFAULT_WEIGHT, "weight of the MMD between the trained and "
-          "the global model's outputs (the authors' code: 0.1)", non_negative, ">= 0",
-          key="fedmmd-weight"),
-))
-FEDFUSION_PARAMS = Spec("FedFusion", (
-    Param("operator", "conv", "fusion operator: conv (1x1 convolution of both feature "
-          "maps) | multi (a weight per channel) | single (one weight)",
-          choices=fusion.OPERATORS, key="fedfusion-operator"),
-    Param("seed", 0, "seed of the fusion module's initialisation (the app: its seed)"),
-    Param("gamma_momentum", fusion.SHADOW_MOMENTUM, "multi/single: server momentum of "
-          "gamma (the authors' shadow update; 0 = FedAvg's mean)", lambda v: 0 <= v < 1,
-          "in [0, 1)", key="fedfusion-gamma-momentum"),
-))
+FEDMMD_FALLBACKS = MappingProxyType({
+    TRAIN_FEDMMD: "plain 'train' messages: FedMMD reduces to FedAvg ('mmd-clients' is 0)"})
+FEDFUSION_FALLBACKS = MappingProxyType({
+    TRAIN_FEDFUSION: "plain 'train' messages of the model without the fusion module: "
+    "FedFusion reduces to FedAvg",
+    EVALUATE_FEDFUSION: "plain 'evaluate' messages of the model without the fusion "
+    "module: the nodes score the base model, not the fused one"})
 
 
 class FedMMD(HookedTrain):
@@ -54,17 +47,21 @@ class FedMMD(HookedTrain):
     ----------
     mmd_weight : float (default: 0.1, the authors' code)
         Weight of the MMD term (>= 0; 0 is FedAvg's local step).
-    **kwargs : Any
-        ``train_timeout`` and FedAvg's parameters.
+    train_timeout, fraction_train, ..., query_timeout
+        ServerSideRound's and FedAvg's.
     """
 
-    def __init__(self, *, mmd_weight: float = fedmmd.DEFAULT_WEIGHT, **kwargs: Any) -> None:
-        super().__init__(
-            owner="FedMMD", train_type=TRAIN_FEDMMD, hooked_metric="mmd-clients",
-            fallbacks={TRAIN_FEDMMD: "plain 'train' messages: FedMMD reduces to "
-                       "FedAvg ('mmd-clients' is 0)"}, **kwargs)
-        FEDMMD_PARAMS.check(mmd_weight=mmd_weight)
-        self.mmd_weight = float(mmd_weight)
+    owner, train_type, hooked_metric = "FedMMD", TRAIN_FEDMMD, "mmd-clients"
+    fallbacks = FEDMMD_FALLBACKS
+
+    mmd_weight: float = setting(
+        default=fedmmd.DEFAULT_WEIGHT, help="weight of the MMD between the trained and the "
+        "global model's outputs (the authors' code: 0.1)", check=non_negative, rule=">= 0",
+        key="fedmmd-weight")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.mmd_weight = float(self.mmd_weight)
 
     def summary(self) -> None:
         """Log FedMMD's weight, then FedAvg's settings."""
@@ -110,23 +107,27 @@ class FedFusion(HookedTrain):
         gamma sent + (1 - ``gamma_momentum``) x the clients' mean (the authors' server
         side shadow update, :func:`fedgsp_flwr.core.fusion.shadow_gamma`); 0 averages
         gamma as FedAvg averages the rest. In [0, 1).
-    **kwargs : Any
-        ``train_timeout`` and FedAvg's parameters.
+    train_timeout, fraction_train, ..., query_timeout
+        ServerSideRound's and FedAvg's.
     """
 
-    def __init__(self, *, operator: str = "conv", seed: int = 0,
-                 gamma_momentum: float = fusion.SHADOW_MOMENTUM, **kwargs: Any) -> None:
-        super().__init__(
-            owner="FedFusion", train_type=TRAIN_FEDFUSION, hooked_metric="fusion-clients",
-            evaluate_type=EVALUATE_FEDFUSION,
-            fallbacks={TRAIN_FEDFUSION: "plain 'train' messages of the model without the "
-                       "fusion module: FedFusion reduces to FedAvg",
-                       EVALUATE_FEDFUSION: "plain 'evaluate' messages of the model "
-                       "without the fusion module: the nodes score the base model, not "
-                       "the fused one"}, **kwargs)
-        FEDFUSION_PARAMS.check(operator=operator, seed=seed, gamma_momentum=gamma_momentum)
-        self.operator, self.seed = operator, seed
-        self.gamma_momentum = float(gamma_momentum)
+    owner, train_type, hooked_metric = "FedFusion", TRAIN_FEDFUSION, "fusion-clients"
+    evaluate_type, fallbacks = EVALUATE_FEDFUSION, FEDFUSION_FALLBACKS
+
+    operator: str = setting(
+        default="conv", help="fusion operator: conv (1x1 convolution of both feature maps) "
+        "| multi (a weight per channel) | single (one weight)", choices=fusion.OPERATORS,
+        key="fedfusion-operator")
+    seed: int = setting(default=0, help="seed of the fusion module's initialisation (the "
+                        "app: its seed)")
+    gamma_momentum: float = setting(
+        default=fusion.SHADOW_MOMENTUM, help="multi/single: server momentum of gamma (the "
+        "authors' shadow update; 0 = FedAvg's mean)", check=lambda v: 0 <= v < 1,
+        rule="in [0, 1)", key="fedfusion-gamma-momentum")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.gamma_momentum = float(self.gamma_momentum)
 
     def summary(self) -> None:
         """Log FedFusion's operator, then FedAvg's settings."""
@@ -192,3 +193,7 @@ class FedFusion(HookedTrain):
             for key in fused:
                 if key not in record:
                     record[key] = sent[key]
+
+
+FEDMMD_PARAMS = FedMMD.spec
+FEDFUSION_PARAMS = FedFusion.spec
