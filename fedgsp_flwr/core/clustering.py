@@ -496,7 +496,7 @@ def normalized_mutual_info(labels_true: Sequence[int], labels_pred: Sequence[int
 
 
 def agreement_scores(found: Mapping[int, int], partition_ids: Mapping[int, int],
-                     ground_truth: Mapping[int, int]) -> dict[str, float]:
+                     ground_truth: Mapping[int, int] | None) -> dict[str, float]:
     """ARI and NMI of a node -> cluster assignment against the latent groups.
 
     Parameters
@@ -505,8 +505,8 @@ def agreement_scores(found: Mapping[int, int], partition_ids: Mapping[int, int],
         Cluster of each node.
     partition_ids : Mapping[int, int]
         Partition id each node reported.
-    ground_truth : Mapping[int, int]
-        Latent group of each partition id.
+    ground_truth : Mapping[int, int] | None
+        Latent group of each partition id (``None``: none known).
 
     Returns
     -------
@@ -514,6 +514,7 @@ def agreement_scores(found: Mapping[int, int], partition_ids: Mapping[int, int],
         ``ari`` and ``nmi`` over the nodes whose group is known; empty when fewer than
         two are.
     """
+    ground_truth = ground_truth or {}
     scored = [n for n in found if partition_ids.get(n, -1) in ground_truth]
     if len(scored) < 2:
         return {}

@@ -33,7 +33,7 @@ from . import saved
 from .fedavg import GroupModel, average_arrays
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import Param, Spec, non_negative, positive
+from .params import non_negative, positive, setting
 from .rounds import TrainResult
 from .server_round import ServerSideRound
 from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, under
@@ -72,26 +72,6 @@ class SplitNode:
     alpha_cross: float
     gamma: float
     sizes: tuple[int, int]
-
-
-PARAMS = Spec("CFL", (
-    Param("eps1", 0.4, "split a cluster only while the norm of its weighted mean update "
-          "is below this (the authors' notebook: 0.4; depends on model, lr and epochs)",
-          positive, "> 0", key="cfl-eps1"),
-    Param("eps2", 1.6, "... and while its largest client update norm is above this (the "
-          "authors' notebook: 1.6)", non_negative, ">= 0", key="cfl-eps2"),
-    Param("min_split_size", 3, "fewest client updates a split is tested on (the "
-          "authors' code: > 2)", lambda v: v >= 2, ">= 2", key="cfl-min-split-size"),
-    Param("warmup_rounds", 20, "no split in rounds 1..this (the authors' code: 20)",
-          non_negative, ">= 0", key="cfl-warmup-rounds"),
-    Param("linkage", "complete", "bipartition: complete (the authors' code) | optimal "
-          "(the paper's: minimise the largest cross-part similarity; single linkage)",
-          choices=LINKAGES, key="cfl-linkage"),
-    Param("split_quorum", 1.0, "share of a cluster's reachable members whose sound "
-          "replies a split test needs (1 = all, the paper's full participation)",
-          lambda v: 0 < v <= 1, "in (0, 1]", key="cfl-split-quorum"),
-    Param("seed", 0, "seed of node sampling (the app: its seed)", non_negative, ">= 0"),
-))
 
 
 def save_splits(splits: dict[int, SplitNode], state: StrategyState, key: str) -> None:
@@ -185,43 +165,54 @@ class CFL(ServerSideRound):
         partition id, which gives a run-independent node order and the ARI).
     seed : int (default: 0)
         Seed of node sampling.
-    **kwargs : Any
-        ``train_timeout`` and FedAvg's parameters (``fraction_train``,
-        ``fraction_evaluate``, ``min_available_nodes``, ...).
+    train_timeout, fraction_train, ..., server_threads
+        ServerSideRound's and FedAvg's (``fraction_train``, ``fraction_evaluate``,
+        ``min_available_nodes``, ...).
     """
 
     # The state a checkpoint saves (node ids translated on resume):
     rng = saved.generator("cfl-rng")
     eval_rng = saved.generator("cfl-eval-rng")
-    position: saved.Saved[dict[int, int]] = saved.node_map("position")  # node -> tree node
+    position = saved.node_map("position")  # node -> tree node
     leaves = saved.arrays_by_id("leaves", "leaf")  # cluster (a leaf of the tree) -> model
-    next_id: saved.Saved[int] = saved.value("next-id", lambda: ROOT + 1, int)
-    splits: saved.Saved[dict[int, SplitNode]] = saved.Saved(  # inner nodes of the tree
-        "splits", dict, save_splits, load_splits)
+    next_id = saved.value("next-id", lambda: ROOT + 1, int)
+    splits = saved.Saved("splits", dict, save_splits, load_splits)  # the tree's inner nodes
 
-    def __init__(
-        self,
-        *,
-        eps1: float = 0.4,
-        eps2: float = 1.6,
-        min_split_size: int = 3,
-        warmup_rounds: int = 20,
-        linkage: str = "complete",
-        split_quorum: float = 1.0,
-        ground_truth: Mapping[int, int] | None = None,
-        query_timeout: float = 300.0,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(query_timeout=query_timeout, **kwargs)
-        PARAMS.check(eps1=eps1, eps2=eps2, min_split_size=min_split_size,
-                     warmup_rounds=warmup_rounds, linkage=linkage, split_quorum=split_quorum,
-                     seed=seed)
-        self.rule = SplitRule(float(eps1), float(eps2), min_split_size, warmup_rounds)
-        self.linkage, self.split_quorum = linkage, float(split_quorum)
-        self.ground_truth = dict(ground_truth or {})
-        self.rng = np.random.default_rng([seed, 0])
-        self.eval_rng = np.random.default_rng([seed, 1])
+    eps1: float = setting(
+        default=0.4, help="split a cluster only while the norm of its weighted mean update is "
+        "below this (the authors' notebook: 0.4; depends on model, lr and epochs)", check=positive,
+        rule="> 0", key="cfl-eps1")
+    eps2: float = setting(
+        default=1.6, help="... and while its largest client update norm is above this (the "
+        "authors' notebook: 1.6)", check=non_negative, rule=">= 0", key="cfl-eps2")
+    min_split_size: int = setting(
+        default=3, help="fewest client updates a split is tested on (the authors' code: > 2)",
+        check=lambda v: v >= 2, rule=">= 2", key="cfl-min-split-size")
+    warmup_rounds: int = setting(
+        default=20, help="no split in rounds 1..this (the authors' code: 20)", check=non_negative,
+        rule=">= 0", key="cfl-warmup-rounds")
+    linkage: str = setting(
+        default="complete", help="bipartition: complete (the authors' code) | optimal (the "
+        "paper's: minimise the largest cross-part similarity; single linkage)", choices=LINKAGES,
+        key="cfl-linkage")
+    split_quorum: float = setting(
+        default=1.0, help="share of a cluster's reachable members whose sound replies a split "
+        "test needs (1 = all, the paper's full participation)", check=lambda v: 0 < v <= 1,
+        rule="in (0, 1]", key="cfl-split-quorum")
+    seed: int = setting(
+        default=0, help="seed of node sampling (the app: its seed)", check=non_negative,
+        rule=">= 0")
+    ground_truth: Mapping[int, int] | None = setting(
+        default=None, help="latent group of each partition id, to report ARI and NMI")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.rule = SplitRule(float(self.eps1), float(self.eps2), self.min_split_size,
+                              self.warmup_rounds)
+        self.split_quorum = float(self.split_quorum)
+        self.ground_truth = dict(self.ground_truth or {})
+        self.rng = np.random.default_rng([self.seed, 0])
+        self.eval_rng = np.random.default_rng([self.seed, 1])
         self.leaf_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self._warned_partial = False
 
@@ -486,3 +477,6 @@ class CFL(ServerSideRound):
                                 for k, v in model.items()})
             files["cfl-clusters.npz"] = buffer.getvalue()
         return files
+
+
+PARAMS = CFL.spec
