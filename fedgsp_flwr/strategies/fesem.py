@@ -21,25 +21,12 @@ from . import saved
 from .fedavg import GroupModel, check_parameters
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import Param, Spec, non_negative, positive
+from .params import non_negative, positive, setting
 from .rounds import TrainResult
 from .server_round import ServerSideRound
 from .state import NodeMap, StrategyState, record_arrays, to_record
 
 NEW_CLIENTS = ("probe", "initial")
-PARAMS = Spec("FeSEM", (
-    Param("k", 4, "number of centres K", positive, "> 0", key="fesem-k"),
-    Param("init", "kmeans++", "centre initialisation", choices=INITS, key="fesem-init"),
-    Param("new_clients", "initial", "first-seen nodes: initial (the paper: fit the "
-          "initial model, nearest centre) | probe (ours: fine-tune every centre, keep the "
-          "least moved)", choices=NEW_CLIENTS, key="fesem-new-clients"),
-    Param("weighted", False, "the M-step averages by examples (false = plain mean, the "
-          "paper)", key="fesem-weighted"),
-    Param("seed", 0, "seed of node sampling and k-means++ (the app: its seed)",
-          non_negative, ">= 0"),
-))
-
-
 class FeSEM(ServerSideRound):
     """FeSEM (Xie et al., 2021): K centre models fitted by stochastic EM.
 
@@ -95,45 +82,50 @@ class FeSEM(ServerSideRound):
         partition id, which gives a run-independent node order and the ARI).
     seed : int (default: 0)
         Seed of node sampling and k-means++.
-    **kwargs : Any
-        ``train_timeout`` (seconds to wait for a round's training and evaluation replies) and FedAvg
-        parameters (``fraction_train``, ``fraction_evaluate``, ``min_available_nodes``,
-        ...).
+    train_timeout, fraction_train, ..., server_threads
+        ServerSideRound's (seconds to wait for a round's training and evaluation
+        replies) and FedAvg's (``fraction_train``, ``fraction_evaluate``,
+        ``min_available_nodes``, ...).
     """
 
     # The state a checkpoint saves (node ids translated on resume):
     rng = saved.generator("fesem-rng")  # node sampling, k-means++
     eval_rng = saved.generator("fesem-eval-rng")
-    assignment: saved.Saved[dict[int, int]] = saved.node_map("assignment")  # node -> centre
+    assignment = saved.node_map("assignment")  # node -> centre
     start_model = saved.record("start")  # the initial model
     centres = saved.array("centres", np.float32)  # one row per centre
 
-    def __init__(
-        self,
-        *,
-        k: int = 4,
-        init: str = "kmeans++",
-        centre_factory: Callable[[int], ArrayRecord] | None = None,
-        layers: Sequence[str] | None = None,
-        new_clients: str = "initial",
-        weighted: bool = False,
-        ground_truth: Mapping[int, int] | None = None,
-        query_timeout: float = 300.0,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(query_timeout=query_timeout, **kwargs)
-        PARAMS.check(k=k, init=init, new_clients=new_clients, weighted=weighted, seed=seed)
+    k: int = setting(
+        default=4, help="number of centres K", check=positive, rule="> 0", key="fesem-k")
+    init: str = setting(
+        default="kmeans++", help="centre initialisation", choices=INITS, key="fesem-init")
+    new_clients: str = setting(
+        default="initial", help="first-seen nodes: initial (the paper: fit the initial model, "
+        "nearest centre) | probe (ours: fine-tune every centre, keep the least moved)",
+        choices=NEW_CLIENTS, key="fesem-new-clients")
+    weighted: bool = setting(
+        default=False, help="the M-step averages by examples (false = plain mean, the paper)",
+        key="fesem-weighted")
+    seed: int = setting(
+        default=0, help="seed of node sampling and k-means++ (the app: its seed)",
+        check=non_negative, rule=">= 0")
+    centre_factory: Callable[[int], ArrayRecord] | None = setting(
+        default=None, help="builds centre k's initial model (required by init 'seeds')")
+    layers: Sequence[str] | None = setting(
+        default=None, help="array names the distances use (None: all)",
+        check=lambda v: v is None or len(v) > 0, rule="None or a non-empty list of names")
+    ground_truth: Mapping[int, int] | None = setting(
+        default=None, help="latent group of each partition id, to report ARI and NMI")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         check_parameters("FeSEM", [
-            (layers is None or len(layers) > 0, "layers must be None or name arrays"),
-            (init != "seeds" or centre_factory is not None,
+            (self.init != "seeds" or self.centre_factory is not None,
              "init='seeds' needs a centre_factory (centre k's initial model)")])
-        self.k, self.init, self.centre_factory = k, init, centre_factory
-        self.layers = list(layers) if layers is not None else None
-        self.new_clients, self.weighted = new_clients, weighted
-        self.ground_truth = dict(ground_truth or {})
-        self.rng = np.random.default_rng([seed, 0])
-        self.eval_rng = np.random.default_rng([seed, 1])
+        self.layers = list(self.layers) if self.layers is not None else None
+        self.ground_truth = dict(self.ground_truth or {})
+        self.rng = np.random.default_rng([self.seed, 0])
+        self.eval_rng = np.random.default_rng([self.seed, 1])
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
         self.layout: Layout | None = None
 
@@ -346,3 +338,6 @@ class FeSEM(ServerSideRound):
                                 for k, v in self.layout.unstack(self.centres[c]).items()})
             files["centres.npz"] = buffer.getvalue()
         return files
+
+
+PARAMS = FeSEM.spec
