@@ -45,7 +45,7 @@ from .fedavg import GroupModel, array_bytes, average_arrays, check_parameters
 from .hook_support import HookSupport, missing_handler
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import Param, Spec, non_negative, positive
+from .params import non_negative, positive, setting
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
 from .server_round import ServerSideRound
@@ -54,19 +54,6 @@ from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, u
 FALLBACK = ("each node scores the k models with k plain 'evaluate' messages (on its "
             "evaluation data, not its training data) and trains the one with the lowest "
             "loss with a plain 'train' message")
-
-PARAMS = Spec("IFCA", (
-    Param("k", 4, "number of cluster models k", positive, "> 0", key="ifca-k"),
-    Param("init", "redraw", "model initialisation: redraw (model 0 = the run's model, the "
-          "others redrawn per array with its mean and std) | seeds (model 0 the run's, "
-          "model j with a seed drawn from seed and j)", choices=INITS, key="ifca-init"),
-    Param("warmup_rounds", 0, "rounds before the first choice in which each node trains "
-          "the model of a random group (the authors' FEMNIST warm-up)", non_negative,
-          ">= 0", key="ifca-warmup-rounds"),
-    Param("seed", 0, "seed of node sampling and the warm-up groups (the app: its seed)",
-          non_negative, ">= 0"),
-))
-
 
 @dataclass
 class RoundReplies:
@@ -184,9 +171,9 @@ class IFCA(ServerSideRound):
         partition id, which gives a run-independent node order and the ARI).
     seed : int (default: 0)
         Seed of node sampling, warm-up groups and the ``redraw`` initialisation.
-    **kwargs : Any
-        ``train_timeout`` and FedAvg parameters (``fraction_train``,
-        ``fraction_evaluate``, ``min_available_nodes``, ...).
+    train_timeout, fraction_train, ..., server_threads
+        ServerSideRound's and FedAvg's (``fraction_train``, ``fraction_evaluate``,
+        ``min_available_nodes``, ...).
 
     Attributes
     ----------
@@ -199,47 +186,51 @@ class IFCA(ServerSideRound):
     """
 
     # The state a checkpoint saves (node ids translated on resume):
-    models: saved.Saved[list[ArrayRecord]] = saved.Saved("models", list, save_models,
-                                                         load_models)
+    models = saved.Saved("models", list, save_models, load_models)
     rng = saved.generator("ifca-rng")  # node sampling, warm-up groups
     eval_rng = saved.generator("ifca-eval-rng")
-    choice: saved.Saved[dict[int, int]] = saved.node_map("choice")  # the last choice
-    plain: saved.Saved[dict[int, str]] = saved.node_map("plain")  # no train.ifca: why
-    warmup_group: saved.Saved[dict[int, int]] = saved.node_map("warmup-groups")
-    rounds_run: saved.Saved[int] = saved.value("rounds-run", int, int)
+    choice = saved.node_map("choice")  # the last choice
+    plain = saved.node_map("plain")  # no train.ifca: why
+    warmup_group = saved.node_map("warmup-groups")
+    rounds_run = saved.value("rounds-run", int, int)
     hooks = saved.learnt("hooks", HookSupport)
 
-    def __init__(
-        self,
-        *,
-        k: int = 4,
-        init: str = "redraw",
-        model_factory: Callable[[int], ArrayRecord] | None = None,
-        head_layers: Sequence[str] | None = None,
-        warmup_rounds: int = 0,
-        loss_key: str | None = None,
-        ground_truth: Mapping[int, int] | None = None,
-        query_timeout: float = 300.0,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(query_timeout=query_timeout, **kwargs)
-        PARAMS.check(k=k, init=init, warmup_rounds=warmup_rounds, seed=seed)
+    k: int = setting(
+        default=4, help="number of cluster models k", check=positive, rule="> 0", key="ifca-k")
+    init: str = setting(
+        default="redraw", help="model initialisation: redraw (model 0 = the run's model, the "
+        "others redrawn per array with its mean and std) | seeds (model 0 the run's, model j "
+        "with a seed drawn from seed and j)", choices=INITS, key="ifca-init")
+    warmup_rounds: int = setting(
+        default=0, help="rounds before the first choice in which each node trains the model of a "
+        "random group (the authors' FEMNIST warm-up)", check=non_negative, rule=">= 0",
+        key="ifca-warmup-rounds")
+    seed: int = setting(
+        default=0, help="seed of node sampling and the warm-up groups (the app: its seed)",
+        check=non_negative, rule=">= 0")
+    model_factory: Callable[[int], ArrayRecord] | None = setting(
+        default=None, help="builds model j's initial weights (required by init 'seeds')")
+    head_layers: Sequence[str] | None = setting(
+        default=None, help="the cluster-specific arrays; the others are shared (None: all "
+        "cluster-specific)", check=lambda v: v is None or (
+            not isinstance(v, str) and len(v) > 0 and all(isinstance(h, str) and h for h in v)),
+        rule="None or a list of array names")
+    loss_key: str | None = setting(
+        default=None, help="the loss metric of plain evaluate replies (None: found by name)",
+        check=lambda v: v is None or (isinstance(v, str) and v != ""),
+        rule="None or a metric name")
+    ground_truth: Mapping[int, int] | None = setting(
+        default=None, help="latent group of each partition id, to report ARI and NMI")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         check_parameters("IFCA", [
-            (init != "seeds" or model_factory is not None,
-             "init='seeds' needs a model_factory (model j's initial weights)"),
-            (head_layers is None or (not isinstance(head_layers, str) and len(head_layers) > 0
-                                     and all(isinstance(h, str) and h for h in head_layers)),
-             f"head_layers must be None or a list of array names, got {head_layers!r}"),
-            (loss_key is None or (isinstance(loss_key, str) and loss_key != ""),
-             f"loss_key must be None or a metric name, got {loss_key!r}"),
-        ])
-        self.k, self.init, self.model_factory = k, init, model_factory
-        self.head_layers = list(head_layers) if head_layers is not None else None
-        self.warmup_rounds, self.loss_key, self.seed = warmup_rounds, loss_key, seed
-        self.ground_truth = dict(ground_truth or {})
-        self.rng = np.random.default_rng([seed, 0])
-        self.eval_rng = np.random.default_rng([seed, 1])
+            (self.init != "seeds" or self.model_factory is not None,
+             "init='seeds' needs a model_factory (model j's initial weights)")])
+        self.head_layers = list(self.head_layers) if self.head_layers is not None else None
+        self.ground_truth = dict(self.ground_truth or {})
+        self.rng = np.random.default_rng([self.seed, 0])
+        self.eval_rng = np.random.default_rng([self.seed, 1])
         self.hooks = HookSupport("IFCA", {TRAIN_IFCA: FALLBACK})
         self.head: list[str] | None = None
         self.model_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by model
@@ -563,3 +554,6 @@ class IFCA(ServerSideRound):
                                 for key, value in record_arrays(model).items()})
             files["ifca-models.npz"] = buffer.getvalue()
         return files
+
+
+PARAMS = IFCA.spec
