@@ -52,7 +52,7 @@ from .hook_support import HookSupport
 from .metrics import renamed, reply_metrics
 from .node_queries import agreed_vectors, query_partitions, reply_vector, vector_problem
 from .node_registry import node_label
-from .params import Param, Spec, non_negative
+from .params import non_negative, setting
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
 from .server_round import ServerSideRound
@@ -67,28 +67,6 @@ FALLBACKS = {
              "lambda = 0, plain clustered FL)",
 }
 
-
-PARAMS = Spec("StoCFL", (
-    Param("tau", 0.5, "merge threshold on cluster cosine similarity",
-          lambda v: -1 <= v <= 1, "in [-1, 1]", key="stocfl-tau"),
-    Param("lambda_", 0.05, "weight of the cluster models' pull to the global model",
-          non_negative, ">= 0", key="stocfl-lambda"),
-    Param("sketch", "gradient", "client sketch", choices=SKETCH_MODES,
-          key="stocfl-sketch"),
-    Param("sketch_dim", 0, "sketch projected on the client to this many numbers (0 = "
-          "model size)", non_negative, ">= 0", key="stocfl-sketch-dim"),
-    Param("sketch_epochs", 1, "local epochs of the update sketch", lambda v: v >= 1,
-          ">= 1", key="stocfl-sketch-epochs"),
-    Param("sketch_seed", 0, "seed of the sketch projection (the app: its seed)",
-          non_negative, ">= 0"),
-    Param("merge_model", "larger", "model of a merged cluster", choices=MERGE_MODELS,
-          key="stocfl-merge-model"),
-    Param("holdout_fraction", 0.0, "fraction of nodes never trained, scored by "
-          "read-only inference", lambda v: 0 <= v < 1, "in [0, 1)",
-          key="stocfl-holdout-fraction"),
-    Param("seed", 0, "seed of node sampling and the hold-out draw (the app: its seed)",
-          non_negative, ">= 0"),
-))
 
 OWN = "own"  # an evaluated node's own model (its cluster's, inferred, or w)
 
@@ -178,9 +156,9 @@ class StoCFL(ServerSideRound):
     seed : int (default: 0)
         Seed of node sampling and hold-out (training and evaluation sample with
         generators of their own).
-    **kwargs : Any
-        ``train_timeout`` (seconds to wait for the training and evaluation replies of a
-        round) and FedAvg parameters (``fraction_train``, ``fraction_evaluate``,
+    train_timeout, fraction_train, ..., server_threads
+        ServerSideRound's (seconds to wait for the training and evaluation replies of a
+        round) and FedAvg's (``fraction_train``, ``fraction_evaluate``,
         ``min_available_nodes``, ...).
 
     Attributes
@@ -198,51 +176,59 @@ class StoCFL(ServerSideRound):
     eval_rng = saved.generator("stocfl-eval-rng")
     models = saved.records("models", "model")  # theta_k of the clusters that trained
     anchor = saved.record("anchor")  # the initial global model: sketches are taken at it
-    plain: saved.Saved[dict[int, str]] = saved.node_map("plain")  # node -> why no sketch
-    partition_ids: saved.Saved[dict[int, int]] = saved.node_map("partition-ids")
+    plain = saved.node_map("plain")  # node -> why no sketch
+    partition_ids = saved.node_map("partition-ids")
     trained = saved.node_set("trained")
     held_out = saved.node_set("held-out")
     _decided = saved.node_set("decided")  # nodes whose hold-out draw is done
     suspects = saved.node_set("suspects")  # nodes that did not answer their last message
     hooks = saved.learnt("hooks", HookSupport)
-    eval_partitions: saved.Saved[dict[int, int]] = saved.node_map(  # with an eval sketch
+    eval_partitions = saved.node_map(  # with an eval sketch
         "eval-partitions", optional=True)
     clustering = saved.part("clustering", SketchClustering.state, SketchClustering.from_state)
     eval_sketches = saved.node_vectors("eval-sketch-nodes", "eval-sketch")  # for inference
 
-    def __init__(
-        self,
-        *,
-        tau: float = 0.5,
-        lambda_: float = 0.05,
-        sketch: str = "gradient",
-        sketch_dim: int = 0,
-        sketch_epochs: int = 1,
-        sketch_seed: int = 0,
-        merge_model: str = "larger",
-        holdout_fraction: float = 0.0,
-        ground_truth: Mapping[int, int] | None = None,
-        query_timeout: float = 300.0,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(query_timeout=query_timeout, **kwargs)
-        PARAMS.check(tau=tau, lambda_=lambda_, sketch=sketch, sketch_dim=sketch_dim,
-                     sketch_epochs=sketch_epochs, sketch_seed=sketch_seed,
-                     merge_model=merge_model, holdout_fraction=holdout_fraction, seed=seed)
-        self.tau, self.lambda_ = tau, lambda_
+    tau: float = setting(
+        default=0.5, help="merge threshold on cluster cosine similarity",
+        check=lambda v: -1 <= v <= 1, rule="in [-1, 1]", key="stocfl-tau")
+    lambda_: float = setting(
+        default=0.05, help="weight of the cluster models' pull to the global model",
+        check=non_negative, rule=">= 0", key="stocfl-lambda")
+    sketch: str = setting(
+        default="gradient", help="client sketch", choices=SKETCH_MODES, key="stocfl-sketch")
+    sketch_dim: int = setting(
+        default=0, help="sketch projected on the client to this many numbers (0 = model size)",
+        check=non_negative, rule=">= 0", key="stocfl-sketch-dim")
+    sketch_epochs: int = setting(
+        default=1, help="local epochs of the update sketch", check=lambda v: v >= 1, rule=">= 1",
+        key="stocfl-sketch-epochs")
+    sketch_seed: int = setting(
+        default=0, help="seed of the sketch projection (the app: its seed)", check=non_negative,
+        rule=">= 0")
+    merge_model: str = setting(
+        default="larger", help="model of a merged cluster", choices=MERGE_MODELS,
+        key="stocfl-merge-model")
+    holdout_fraction: float = setting(
+        default=0.0, help="fraction of nodes never trained, scored by read-only inference",
+        check=lambda v: 0 <= v < 1, rule="in [0, 1)", key="stocfl-holdout-fraction")
+    seed: int = setting(
+        default=0, help="seed of node sampling and the hold-out draw (the app: its seed)",
+        check=non_negative, rule=">= 0")
+    ground_truth: Mapping[int, int] | None = setting(
+        default=None, help="latent group of each partition id, to report ARI and NMI")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.sketch_config = ConfigRecord({
-            SKETCH_MODE: sketch, SKETCH_DIM: sketch_dim,
-            SKETCH_EPOCHS: sketch_epochs, SKETCH_SEED: sketch_seed})
-        self.merge_model = merge_model
+            SKETCH_MODE: self.sketch, SKETCH_DIM: self.sketch_dim,
+            SKETCH_EPOCHS: self.sketch_epochs, SKETCH_SEED: self.sketch_seed})
         self._train_config = ConfigRecord()  # the last round's, for sketch queries
-        self.holdout_fraction = holdout_fraction
-        self.ground_truth = dict(ground_truth or {})
+        self.ground_truth = dict(self.ground_truth or {})
         self.hooks = HookSupport("StoCFL", FALLBACKS)
         self.cluster_eval: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
-        self.rng = np.random.default_rng([seed, 0])
-        self.eval_rng = np.random.default_rng([seed, 1])
-        self.clustering = SketchClustering(tau)
+        self.rng = np.random.default_rng([self.seed, 0])
+        self.eval_rng = np.random.default_rng([self.seed, 1])
+        self.clustering = SketchClustering(self.tau)
         self._asked: set[int] = set()  # nodes asked for their partition id
 
     def summary(self) -> None:
@@ -698,3 +684,6 @@ class StoCFL(ServerSideRound):
                 np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stub quirk
                 files[filename] = buffer.getvalue()
         return files
+
+
+PARAMS = StoCFL.spec
