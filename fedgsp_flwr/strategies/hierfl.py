@@ -27,36 +27,13 @@ from . import saved
 from .fedavg import GroupModel, average_arrays, check_parameters
 from .metrics import reply_metrics
 from .node_registry import NodeRegistry
-from .params import Param, Spec, non_negative, positive
+from .params import non_negative, positive, setting
 from .rounds import TrainResult
 from .server_round import ServerSideRound
 from .state import (
     NodeMap,
     StrategyState,
 )
-
-PARAMS = Spec("HierFL", (
-    Param("policy", "heuristic", "user-edge assignment policy (the paper: heuristic, "
-          "Algorithm 1)", choices=POLICIES, key="hierfl-policy"),
-    Param("num_edges", 10, "edges of a generated topology", positive, "> 0",
-          key="hierfl-edges"),
-    Param("reach_per_user", 2, "edges in range of each user of a generated topology (r)",
-          positive, "> 0", key="hierfl-reach"),
-    Param("reach_by", "group", "generated topology: a group of users of one class on one "
-          "edge shares its extra edges (group, the paper) or each user draws its own "
-          "(user)", choices=REACH_BY, key="hierfl-reach-by"),
-    Param("tau1", 1, "local SGD steps per user per edge round", positive, "> 0",
-          key="hierfl-tau1"),
-    Param("tau2", 2, "edge rounds per cloud round", positive, "> 0", key="hierfl-tau2"),
-    Param("time_limit", 10.0, "CP-SAT time limit in seconds (optimal, equal-size)",
-          positive, "> 0", key="hierfl-time-limit"),
-    Param("size_tolerance", 0.05, "equal-size: each edge's examples within this fraction "
-          "of n/E (the paper's constraint (29))", non_negative, ">= 0",
-          key="hierfl-size-tolerance"),
-    Param("seed", 0, "seed of node sampling and generated topologies (the app: its seed)",
-          non_negative, ">= 0"),
-))
-
 
 Generated = dict[int, tuple[np.ndarray, int]]  # node -> (edges it reaches, original edge)
 
@@ -126,50 +103,59 @@ class HierFL(ServerSideRound):
         Seconds to wait for ``query.histogram`` replies.
     seed : int (default: 0)
         Seed of the generated topology, the random policy and user sampling.
-    **kwargs : Any
-        ``train_timeout`` (seconds to wait for the users' replies in one edge round) and
-        FedAvg parameters (``fraction_train``, ``min_available_nodes``, ...).
+    train_timeout, fraction_train, ..., server_threads
+        ServerSideRound's (seconds to wait for the users' replies in one edge round) and
+        FedAvg's (``fraction_train``, ``min_available_nodes``, ...).
     """
 
     # The state a checkpoint saves (node ids translated on resume):
     rng = saved.generator("hierfl-rng")
     users = saved.node_list("users")  # in user index order
-    edge_of: saved.Saved[dict[int, int]] = saved.node_map("edge-of")
-    _assignment_metrics: saved.Saved[dict[str, float]] = saved.value(
-        "assignment-metrics", dict, dict)
-    _generated: saved.Saved[Generated] = saved.Saved(  # the topology generated so far
+    edge_of = saved.node_map("edge-of")
+    _assignment_metrics = saved.value("assignment-metrics", dict, dict)
+    _generated = saved.Saved(  # the topology generated so far
         "generated-nodes", dict, save_generated, load_generated)
 
-    def __init__(
-        self,
-        *,
-        policy: str = "heuristic",
-        num_edges: int = 10,
-        reach_per_user: int = 2,
-        reach_by: str = "group",
-        topology: Topology | None = None,
-        tau1: int = 1,
-        tau2: int = 2,
-        time_limit: float = 10.0,
-        size_tolerance: float = 0.05,
-        query_timeout: float = 300.0,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(query_timeout=query_timeout, **kwargs)
-        PARAMS.check(policy=policy, num_edges=num_edges, reach_per_user=reach_per_user,
-                     reach_by=reach_by, tau1=tau1, tau2=tau2, time_limit=time_limit,
-                     size_tolerance=size_tolerance, seed=seed)
+    policy: str = setting(
+        default="heuristic", help="user-edge assignment policy (the paper: heuristic, Algorithm "
+        "1)", choices=POLICIES, key="hierfl-policy")
+    num_edges: int = setting(
+        default=10, help="edges of a generated topology", check=positive, rule="> 0",
+        key="hierfl-edges")
+    reach_per_user: int = setting(
+        default=2, help="edges in range of each user of a generated topology (r)", check=positive,
+        rule="> 0", key="hierfl-reach")
+    reach_by: str = setting(
+        default="group", help="generated topology: a group of users of one class on one edge "
+        "shares its extra edges (group, the paper) or each user draws its own (user)",
+        choices=REACH_BY, key="hierfl-reach-by")
+    tau1: int = setting(
+        default=1, help="local SGD steps per user per edge round", check=positive, rule="> 0",
+        key="hierfl-tau1")
+    tau2: int = setting(
+        default=2, help="edge rounds per cloud round", check=positive, rule="> 0",
+        key="hierfl-tau2")
+    time_limit: float = setting(
+        default=10.0, help="CP-SAT time limit in seconds (optimal, equal-size)", check=positive,
+        rule="> 0", key="hierfl-time-limit")
+    size_tolerance: float = setting(
+        default=0.05, help="equal-size: each edge's examples within this fraction of n/E (the "
+        "paper's constraint (29))", check=non_negative, rule=">= 0", key="hierfl-size-tolerance")
+    seed: int = setting(
+        default=0, help="seed of node sampling and generated topologies (the app: its seed)",
+        check=non_negative, rule=">= 0")
+    topology: Topology | None = setting(
+        default=None, help="a given topology, user i the node of partition id i (overrides "
+        "the generated one)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         check_parameters("HierFL", [
-            (reach_per_user <= num_edges, "reach_per_user must be in [1, num_edges]"),
-            (policy != "original" or topology is None or topology.original is not None,
+            (self.reach_per_user <= self.num_edges, "reach_per_user must be in [1, num_edges]"),
+            (self.policy != "original" or self.topology is None
+             or self.topology.original is not None,
              "policy 'original' needs a topology with an original assignment")])
-        self.policy, self.num_edges, self.reach_per_user = policy, num_edges, reach_per_user
-        self.reach_by = reach_by
-        self.topology = topology
-        self.tau1, self.tau2 = tau1, tau2
-        self.time_limit, self.size_tolerance = time_limit, size_tolerance
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(self.seed)
         self.edge_models: dict[int, ArrayRecord] = {}
 
     def registry(self) -> NodeRegistry:
@@ -328,3 +314,6 @@ class HierFL(ServerSideRound):
             u: self.known.partition_ids[u] for u in self.users
             if self.edge_of[u] == edge and u in self.known.partition_ids})
             for edge, model in self.edge_models.items()}
+
+
+PARAMS = HierFL.spec
