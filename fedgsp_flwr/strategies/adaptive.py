@@ -17,22 +17,23 @@ uninterrupted one. The step's result keeps the dtypes of the model sent (Flower'
 back as float64 for a float32 model, and every later reply would then be rejected);
 integer arrays (batch counters) take the average, not the step.
 
-``_Validated`` is there because Flower's constructors do not pass our
-``max_untrained_rounds``, ``server_threads`` and ``query_timeout`` on, and the
-optimizer's moments need saving. Defaults are Flower's (the FedGSP paper does not give
-the values it used): server learning rate ``eta`` 0.1 (FedYogi 0.01), ``tau`` 1e-3,
-``beta_1`` 0.9 and ``beta_2`` 0.99 (FedAdagrad has no momentum: ``beta_1 = beta_2 =
-0``). ``eta_l``, the clients' learning rate, is only logged by Flower; the clients'
-``lr`` sets it.
+Flower's constructors are not called: ``_ServerOptimizer`` declares the optimizer's
+parameters beside ours (one keyword-only constructor, checked), and sets what
+Flower's ``FedOpt.__init__`` would (the arrays sent, no moments yet). Defaults are
+Flower's (the FedGSP paper does not give the values it used): server learning rate
+``eta`` 0.1 (FedYogi 0.01), ``tau`` 1e-3, ``beta_1`` 0.9 and ``beta_2`` 0.99
+(FedAdagrad has no momentum: ``beta_1 = beta_2 = 0``). ``eta_l``, the clients'
+learning rate, is only logged by Flower (0.1; FedYogi 0.0316); the clients' ``lr``
+sets it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import ClassVar, cast
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.common.typing import NDArray
 from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
@@ -40,43 +41,45 @@ from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 from ..core.arrays import as_dtype
 from . import saved
 from .decoding import values
-from .fedavg import FedAvg, check_parameters
-from .progress import TrainingProgress
+from .fedavg import FedAvg
+from .params import Configured, positive, setting
 
 
-class _Validated:
-    """Our FedAvg's parameters and the optimizer's checkpoint, for a class whose bases
-    are ``(_Validated, <Flower's optimizer>, FedAvg)``: Flower's constructors do not
-    pass ``max_untrained_rounds``, ``server_threads`` and ``query_timeout`` on, so they
-    are taken here.
+def _eta(default: float) -> float:
+    return setting(default=default, help="server learning rate", check=positive, rule="> 0")
+
+
+def _eta_l(default: float) -> float:
+    return setting(default=default, help="the clients' learning rate (only logged)")
+
+
+def _beta(default: float, moment: str) -> float:
+    return setting(default=default, help=f"{moment}-moment decay",
+                   check=lambda v: 0 <= v < 1, rule="in [0, 1)")
+
+
+class _ServerOptimizer(Configured):
+    """The optimizer's parameters and checkpoint, for a class whose bases are
+    ``(_ServerOptimizer, <Flower's optimizer>, FedAvg)``: the generated constructor
+    takes them beside FedAvg's; Flower's constructors do not run, so
+    :meth:`__post_init__` sets what ``FedOpt.__init__`` would.
     """
 
     # The optimizer's moment estimates (None before the first step), in checkpoints:
     m_t = saved.named_arrays("fedopt-m_t")
     v_t = saved.named_arrays("fedopt-v_t")
-    current_arrays: dict[str, np.ndarray] | None
-    progress: TrainingProgress
-    eta: float
-    tau: float
-    beta_1: float
-    beta_2: float
-    weighted_by_key: str
-    take_run_options: Callable[[int, int | None, float], None]  # FedAvg's
 
-    def __init__(self, *, max_untrained_rounds: int = 3, server_threads: int | None = None,
-                 query_timeout: float = 300.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        FedAvg.spec.check_as(type(self).__name__, {
-            "max_untrained_rounds": max_untrained_rounds, "server_threads": server_threads,
-            "query_timeout": query_timeout})
-        check_parameters(type(self).__name__, [
-            (self.eta > 0, f"eta must be > 0, got {self.eta!r}"),
-            (self.tau > 0, f"tau must be > 0, got {self.tau!r}"),
-            (0 <= self.beta_1 < 1 and 0 <= self.beta_2 < 1,
-             f"beta_1 and beta_2 must be in [0, 1), got {self.beta_1!r}, {self.beta_2!r}"),
-        ])
-        # FedAvg's __init__ ran with Flower's arguments only: take ours again
-        self.take_run_options(max_untrained_rounds, server_threads, query_timeout)
+    eta: float = _eta(0.1)
+    eta_l: float = _eta_l(0.1)
+    tau: float = setting(default=1e-3, help="adaptivity (the denominator's floor)",
+                         check=positive, rule="> 0")
+    beta_1: ClassVar[float] = 0.0  # FedAdagrad: no momentum
+    beta_2: ClassVar[float] = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.current_arrays: dict[str, NDArray] | None = None  # FedOpt's: the arrays sent
+        self.m_t = self.v_t = None
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -90,61 +93,71 @@ class _Validated:
         """
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
         sent = self.current_arrays
+        progress = cast(FedAvg, self).progress  # the class is a FedAvg too (its bases)
         if arrays is not None and sent is not None:
-            average = self.progress.last_trained  # our FedAvg's, recorded in this call
+            average = progress.last_trained  # our FedAvg's, recorded in this call
             arrays = ArrayRecord({
                 k: average[k] if sent[k].dtype.kind in "iub" and average is not None
                 else Array(as_dtype(values(a), sent[k].dtype)) for k, a in arrays.items()})
-            self.progress.last_trained = arrays  # the step's result, not the average
+            progress.last_trained = arrays  # the step's result, not the average
         return arrays, metrics
 
 
-class FedAdagrad(_Validated, FlowerFedAdagrad, FedAvg):
+class FedAdagrad(_ServerOptimizer, FlowerFedAdagrad, FedAvg):
     """Flower's FedAdagrad over our validated FedAvg average (see the module doc).
 
     Parameters
     ----------
-    max_untrained_rounds : int (default: 3)
+    eta : float (default: 0.1)
+        Server learning rate (> 0).
+    eta_l : float (default: 0.1)
+        The clients' learning rate, only logged (the clients' ``lr`` sets theirs).
+    tau : float (default: 0.001)
+        Adaptivity (> 0).
+    fraction_train, ..., query_timeout
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    server_threads : int | None (default: None)
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    query_timeout : float (default: 300.0)
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    **kwargs : Any
-        :class:`flwr.serverapp.strategy.FedAdagrad`'s parameters (``eta`` 0.1, ``tau``
-        1e-3, sampling fractions, ...).
     """
 
 
-class FedAdam(_Validated, FlowerFedAdam, FedAvg):
+class FedAdam(_ServerOptimizer, FlowerFedAdam, FedAvg):
     """Flower's FedAdam over our validated FedAvg average (see the module doc).
 
     Parameters
     ----------
-    max_untrained_rounds : int (default: 3)
+    eta : float (default: 0.1)
+        Server learning rate (> 0).
+    eta_l : float (default: 0.1)
+        The clients' learning rate, only logged (the clients' ``lr`` sets theirs).
+    beta_1, beta_2 : float (default: 0.9, 0.99)
+        First- and second-moment decay, in [0, 1).
+    tau : float (default: 0.001)
+        Adaptivity (> 0).
+    fraction_train, ..., query_timeout
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    server_threads : int | None (default: None)
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    query_timeout : float (default: 300.0)
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    **kwargs : Any
-        :class:`flwr.serverapp.strategy.FedAdam`'s parameters (``eta`` 0.1, ``beta_1``
-        0.9, ``beta_2`` 0.99, ``tau`` 1e-3, sampling fractions, ...).
     """
 
+    beta_1: float = _beta(0.9, "first")  # type: ignore[misc]
+    beta_2: float = _beta(0.99, "second")  # type: ignore[misc]
 
-class FedYogi(_Validated, FlowerFedYogi, FedAvg):
+
+class FedYogi(_ServerOptimizer, FlowerFedYogi, FedAvg):
     """Flower's FedYogi over our validated FedAvg average (see the module doc).
 
     Parameters
     ----------
-    max_untrained_rounds : int (default: 3)
+    eta : float (default: 0.01)
+        Server learning rate (> 0).
+    eta_l : float (default: 0.0316)
+        The clients' learning rate, only logged (the clients' ``lr`` sets theirs).
+    beta_1, beta_2 : float (default: 0.9, 0.99)
+        First- and second-moment decay, in [0, 1).
+    tau : float (default: 0.001)
+        Adaptivity (> 0).
+    fraction_train, ..., query_timeout
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    server_threads : int | None (default: None)
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    query_timeout : float (default: 300.0)
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
-    **kwargs : Any
-        :class:`flwr.serverapp.strategy.FedYogi`'s parameters (``eta`` 0.01, ``beta_1``
-        0.9, ``beta_2`` 0.99, ``tau`` 1e-3, sampling fractions, ...).
     """
+
+    eta: float = _eta(0.01)
+    eta_l: float = _eta_l(0.0316)
+    beta_1: float = _beta(0.9, "first")  # type: ignore[misc]
+    beta_2: float = _beta(0.99, "second")  # type: ignore[misc]

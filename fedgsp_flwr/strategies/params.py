@@ -185,7 +185,9 @@ class Configured:
     (the bases' first; ``ValueError("<class>: <name> <problem>")``), sets it as an
     attribute, then calls :meth:`__post_init__`, where a class builds what depends on
     its parameters (calling ``super().__post_init__()`` first). A class that defines
-    ``__init__`` itself keeps it, and so do its subclasses.
+    ``__init__`` itself keeps it, and so do its subclasses. The constructor of a base
+    that is not :class:`Configured` (Flower's ``FedOpt`` behind our ``FedAdam``) does
+    not run: the class's :meth:`__post_init__` sets what it would.
 
     Attributes
     ----------
@@ -202,7 +204,8 @@ class Configured:
         for param in own:
             setattr(cls, param.name, param.default)
         cls.spec = Spec(cls.__name__, own)
-        chain = cls.__mro__[:cls.__mro__.index(Configured)]
+        chain = [k for k in cls.__mro__[:cls.__mro__.index(Configured)]
+                 if issubclass(k, Configured)]
         if all(getattr(vars(k).get("__init__"), "generated", "__init__" not in vars(k))
                for k in chain):
             cls.__init__ = _constructor(cls)  # type: ignore[method-assign]
