@@ -5,7 +5,7 @@ Flower ships the three server optimizers (``flwr.serverapp.strategy``); their up
 is not rewritten here. Each class puts Flower's optimizer in front of our
 :class:`~fedgsp_flwr.strategies.fedavg.FedAvg` in the method resolution order::
 
-    FedAdam -> _Validated -> flwr FedAdam -> flwr FedOpt -> our FedAvg -> flwr FedAvg
+    FedAdam -> _ServerOptimizer -> flwr FedAdam -> flwr FedOpt -> our FedAvg -> flwr FedAvg
 
 so Flower's ``aggregate_train`` computes its server step from what ``super()`` returns,
 which is our FedAvg's average of the *validated* replies (a NaN, a wrong shape or a
@@ -145,14 +145,9 @@ class FedYogi(_ServerOptimizer, FlowerFedYogi, FedAvg):
 
     Parameters
     ----------
-    eta : float (default: 0.01)
-        Server learning rate (> 0).
-    eta_l : float (default: 0.0316)
-        The clients' learning rate, only logged (the clients' ``lr`` sets theirs).
-    beta_1, beta_2 : float (default: 0.9, 0.99)
-        First- and second-moment decay, in [0, 1).
-    tau : float (default: 0.001)
-        Adaptivity (> 0).
+    eta, eta_l, beta_1, beta_2, tau
+        As :class:`FedAdam`'s, with Flower's FedYogi defaults: ``eta`` 0.01, ``eta_l``
+        0.0316.
     fraction_train, ..., query_timeout
         As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     """
