@@ -35,7 +35,7 @@ from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import non_negative, positive, setting
 from .rounds import TrainResult
-from .server_round import ServerSideRound
+from .server_round import ClusteredRound
 from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, under
 
 ROOT = 0  # the tree node of the first cluster, which holds every client at the start
@@ -94,7 +94,7 @@ def load_splits(state: StrategyState, key: str, _: NodeMap, __: object
             for t, a, b, r, alpha, gamma, n1, n2 in state.meta[key]}
 
 
-class CFL(ServerSideRound):
+class CFL(ClusteredRound):
     """CFL (Sattler, Müller, Samek, 2021): clusters split in two, recursively, by the
     cosine similarity of their members' updates, one model per cluster.
 
@@ -199,20 +199,12 @@ class CFL(ServerSideRound):
         default=1.0, help="share of a cluster's reachable members whose sound replies a split "
         "test needs (1 = all, the paper's full participation)", check=lambda v: 0 < v <= 1,
         rule="in (0, 1]", key="cfl-split-quorum")
-    seed: int = setting(
-        default=0, help="seed of node sampling (the app: its seed)", check=non_negative,
-        rule=">= 0")
-    ground_truth: Mapping[int, int] | None = setting(
-        default=None, help="latent group of each partition id, to report ARI and NMI")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.rule = SplitRule(float(self.eps1), float(self.eps2), self.min_split_size,
                               self.warmup_rounds)
         self.split_quorum = float(self.split_quorum)
-        self.ground_truth = dict(self.ground_truth or {})
-        self.rng = np.random.default_rng([self.seed, 0])
-        self.eval_rng = np.random.default_rng([self.seed, 1])
         self.leaf_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self._warned_partial = False
 

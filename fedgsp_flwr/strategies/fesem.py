@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -21,13 +21,13 @@ from . import saved
 from .fedavg import GroupModel, check_parameters
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import non_negative, positive, setting
+from .params import positive, setting
 from .rounds import TrainResult
-from .server_round import ServerSideRound
+from .server_round import ClusteredRound
 from .state import NodeMap, StrategyState, record_arrays, to_record
 
 NEW_CLIENTS = ("probe", "initial")
-class FeSEM(ServerSideRound):
+class FeSEM(ClusteredRound):
     """FeSEM (Xie et al., 2021): K centre models fitted by stochastic EM.
 
     The method, the paper's equations it implements and every deliberate choice:
@@ -106,16 +106,11 @@ class FeSEM(ServerSideRound):
     weighted: bool = setting(
         default=False, help="the M-step averages by examples (false = plain mean, the paper)",
         key="fesem-weighted")
-    seed: int = setting(
-        default=0, help="seed of node sampling and k-means++ (the app: its seed)",
-        check=non_negative, rule=">= 0")
     centre_factory: Callable[[int], ArrayRecord] | None = setting(
         default=None, help="builds centre k's initial model (required by init 'seeds')")
     layers: Sequence[str] | None = setting(
         default=None, help="array names the distances use (None: all)",
         check=lambda v: v is None or len(v) > 0, rule="None or a non-empty list of names")
-    ground_truth: Mapping[int, int] | None = setting(
-        default=None, help="latent group of each partition id, to report ARI and NMI")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -123,9 +118,6 @@ class FeSEM(ServerSideRound):
             (self.init != "seeds" or self.centre_factory is not None,
              "init='seeds' needs a centre_factory (centre k's initial model)")])
         self.layers = list(self.layers) if self.layers is not None else None
-        self.ground_truth = dict(self.ground_truth or {})
-        self.rng = np.random.default_rng([self.seed, 0])
-        self.eval_rng = np.random.default_rng([self.seed, 1])
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
         self.layout: Layout | None = None
 

@@ -48,7 +48,7 @@ from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import non_negative, positive, setting
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
-from .server_round import ServerSideRound
+from .server_round import ClusteredRound
 from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, under
 
 FALLBACK = ("each node scores the k models with k plain 'evaluate' messages (on its "
@@ -114,7 +114,7 @@ def load_models(state: StrategyState, key: str, _: NodeMap, __: object) -> list[
                            for index in range(int(state.meta[key])))]
 
 
-class IFCA(ServerSideRound):
+class IFCA(ClusteredRound):
     """IFCA (Ghosh et al., 2020): k cluster models; each client trains the one with
     the lowest loss on its data.
 
@@ -205,9 +205,6 @@ class IFCA(ServerSideRound):
         default=0, help="rounds before the first choice in which each node trains the model of a "
         "random group (the authors' FEMNIST warm-up)", check=non_negative, rule=">= 0",
         key="ifca-warmup-rounds")
-    seed: int = setting(
-        default=0, help="seed of node sampling and the warm-up groups (the app: its seed)",
-        check=non_negative, rule=">= 0")
     model_factory: Callable[[int], ArrayRecord] | None = setting(
         default=None, help="builds model j's initial weights (required by init 'seeds')")
     head_layers: Sequence[str] | None = setting(
@@ -219,8 +216,6 @@ class IFCA(ServerSideRound):
         default=None, help="the loss metric of plain evaluate replies (None: found by name)",
         check=lambda v: v is None or (isinstance(v, str) and v != ""),
         rule="None or a metric name")
-    ground_truth: Mapping[int, int] | None = setting(
-        default=None, help="latent group of each partition id, to report ARI and NMI")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -228,9 +223,6 @@ class IFCA(ServerSideRound):
             (self.init != "seeds" or self.model_factory is not None,
              "init='seeds' needs a model_factory (model j's initial weights)")])
         self.head_layers = list(self.head_layers) if self.head_layers is not None else None
-        self.ground_truth = dict(self.ground_truth or {})
-        self.rng = np.random.default_rng([self.seed, 0])
-        self.eval_rng = np.random.default_rng([self.seed, 1])
         self.hooks = HookSupport("IFCA", {TRAIN_IFCA: FALLBACK})
         self.head: list[str] | None = None
         self.model_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by model

@@ -22,10 +22,11 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, TRAIN
+from . import saved
 from .exchange import Screened, collect_reply_list, screen
 from .fedavg import FedAvg, array_bytes
 from .metrics import metrics_order
-from .params import positive, setting
+from .params import non_negative, positive, setting
 from .replies import reply_problem
 from .rounds import TrainResult, own_rounds_error
 
@@ -252,3 +253,37 @@ class ServerSideRound(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Not a step of this strategy's round: raises ``TypeError``."""
         raise own_rounds_error(self, "aggregate_train")
+
+
+class ClusteredRound(ServerSideRound):
+    """Base of the clustered strategies (CFL, FeSEM, IFCA, StoCFL): a seed whose two
+    generators draw training's nodes (and the strategy's own draws) and evaluation's
+    apart, and the latent groups their clusterings are scored against.
+
+    Parameters
+    ----------
+    seed : int (default: 0)
+        Seeds :attr:`rng` (training's sampling, the strategy's draws) and
+        :attr:`eval_rng` (evaluation's sampling), so ``fraction_evaluate`` changes
+        nothing in training.
+    ground_truth : Mapping[int, int] | None (default: None)
+        Latent group of each partition id, to report ARI and NMI each round.
+    train_timeout, fraction_train, ..., query_timeout
+        ServerSideRound's and FedAvg's.
+    """
+
+    # Each strategy declares its own checkpoint keys for the two:
+    rng = saved.generator("rng")
+    eval_rng = saved.generator("eval-rng")
+
+    seed: int = setting(
+        default=0, help="seed of node sampling and the strategy's draws (the app: its seed)",
+        check=non_negative, rule=">= 0")
+    ground_truth: Mapping[int, int] | None = setting(
+        default=None, help="latent group of each partition id, to report ARI and NMI")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.ground_truth = dict(self.ground_truth or {})
+        self.rng = np.random.default_rng([self.seed, 0])
+        self.eval_rng = np.random.default_rng([self.seed, 1])

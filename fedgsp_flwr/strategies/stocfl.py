@@ -6,7 +6,7 @@ import io
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any, cast
@@ -55,7 +55,7 @@ from .node_registry import node_label
 from .params import non_negative, setting
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
-from .server_round import ServerSideRound
+from .server_round import ClusteredRound
 
 FALLBACKS = {
     QUERY_PARTITION: "nodes are sampled in node-id order, so a seed's samples differ from run "
@@ -93,7 +93,7 @@ class SketchReplies:
     partitions: dict[int, int] = field(default_factory=dict)
 
 
-class StoCFL(ServerSideRound):
+class StoCFL(ClusteredRound):
     """StoCFL (Zeng et al.): clusters by sketches, bi-level global and cluster models.
 
     The method, the paper's equations it implements and every deliberate choice:
@@ -211,11 +211,6 @@ class StoCFL(ServerSideRound):
     holdout_fraction: float = setting(
         default=0.0, help="fraction of nodes never trained, scored by read-only inference",
         check=lambda v: 0 <= v < 1, rule="in [0, 1)", key="stocfl-holdout-fraction")
-    seed: int = setting(
-        default=0, help="seed of node sampling and the hold-out draw (the app: its seed)",
-        check=non_negative, rule=">= 0")
-    ground_truth: Mapping[int, int] | None = setting(
-        default=None, help="latent group of each partition id, to report ARI and NMI")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -223,11 +218,8 @@ class StoCFL(ServerSideRound):
             SKETCH_MODE: self.sketch, SKETCH_DIM: self.sketch_dim,
             SKETCH_EPOCHS: self.sketch_epochs, SKETCH_SEED: self.sketch_seed})
         self._train_config = ConfigRecord()  # the last round's, for sketch queries
-        self.ground_truth = dict(self.ground_truth or {})
         self.hooks = HookSupport("StoCFL", FALLBACKS)
         self.cluster_eval: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
-        self.rng = np.random.default_rng([self.seed, 0])
-        self.eval_rng = np.random.default_rng([self.seed, 1])
         self.clustering = SketchClustering(self.tau)
         self._asked: set[int] = set()  # nodes asked for their partition id
 
