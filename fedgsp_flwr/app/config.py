@@ -25,8 +25,8 @@ from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
 from ..strategies.cfl import PARAMS as CFL_PARAMS
 from ..strategies.ditto import PARAMS as DITTO_PARAMS
-from ..strategies.fedavg import FEDPROX_PARAMS
 from ..strategies.fedgsp import PARAMS as FEDGSP_PARAMS
+from ..strategies.fedprox import PARAMS as FEDPROX_PARAMS
 from ..strategies.fesem import PARAMS as FESEM_PARAMS
 from ..strategies.hierfl import PARAMS as HIERFL_PARAMS
 from ..strategies.ida import PARAMS as IDA_PARAMS

@@ -18,10 +18,12 @@ builds them by name from its run config (:mod:`fedgsp_flwr.app.registry`).
 from __future__ import annotations
 
 from .adaptive import FedAdagrad, FedAdam, FedYogi
+from .aggregation import GroupModel
 from .cfl import CFL
 from .ditto import Ditto
-from .fedavg import FedAvg, FedProx, GroupModel
+from .fedavg import FedAvg
 from .fedgsp import FedGSP
+from .fedprox import FedProx
 from .fesem import FeSEM
 from .hierfl import HierFL
 from .ida import IDA

@@ -50,7 +50,8 @@ def _eta(default: float) -> float:
 
 
 def _eta_l(default: float) -> float:
-    return setting(default=default, help="the clients' learning rate (only logged)")
+    return setting(default=default,
+                   help="the clients' learning rate, only logged (the clients' lr sets theirs)")
 
 
 def _beta(default: float, moment: str) -> float:
@@ -105,35 +106,11 @@ class _ServerOptimizer(Configured):
 
 class FedAdagrad(_ServerOptimizer, FlowerFedAdagrad, FedAvg):
     """Flower's FedAdagrad over our validated FedAvg average (see the module doc).
-
-    Parameters
-    ----------
-    eta : float (default: 0.1)
-        Server learning rate (> 0).
-    eta_l : float (default: 0.1)
-        The clients' learning rate, only logged (the clients' ``lr`` sets theirs).
-    tau : float (default: 0.001)
-        Adaptivity (> 0).
-    fraction_train, ..., query_timeout
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     """
 
 
 class FedAdam(_ServerOptimizer, FlowerFedAdam, FedAvg):
     """Flower's FedAdam over our validated FedAvg average (see the module doc).
-
-    Parameters
-    ----------
-    eta : float (default: 0.1)
-        Server learning rate (> 0).
-    eta_l : float (default: 0.1)
-        The clients' learning rate, only logged (the clients' ``lr`` sets theirs).
-    beta_1, beta_2 : float (default: 0.9, 0.99)
-        First- and second-moment decay, in [0, 1).
-    tau : float (default: 0.001)
-        Adaptivity (> 0).
-    fraction_train, ..., query_timeout
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     """
 
     beta_1: float = _beta(0.9, "first")  # type: ignore[misc]
@@ -142,14 +119,6 @@ class FedAdam(_ServerOptimizer, FlowerFedAdam, FedAvg):
 
 class FedYogi(_ServerOptimizer, FlowerFedYogi, FedAvg):
     """Flower's FedYogi over our validated FedAvg average (see the module doc).
-
-    Parameters
-    ----------
-    eta, eta_l, beta_1, beta_2, tau
-        As :class:`FedAdam`'s, with Flower's FedYogi defaults: ``eta`` 0.01, ``eta_l``
-        0.0316.
-    fraction_train, ..., query_timeout
-        As :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`.
     """
 
     eta: float = _eta(0.01)

@@ -30,7 +30,7 @@ from ..core.cfl import (
 from ..core.clustering import agreement_scores
 from ..protocol import PARTITION, SERVER_ROUND
 from . import saved
-from .fedavg import GroupModel, average_arrays
+from .aggregation import GroupModel, average_arrays
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
 from .params import non_negative, positive, setting
@@ -138,36 +138,6 @@ class CFL(ClusteredRound):
     nodes still to be placed are counted (``eval-unplaced``). The model Flower's loop
     carries (which the server scores) is the member-weighted mean of the cluster models:
     with one cluster, the FedAvg model.
-
-    Parameters
-    ----------
-    eps1 : float (default: 0.4)
-        Split only while the weighted mean update's norm is below it (> 0). The authors'
-        notebook's value; it depends on the model, the learning rate and the local
-        epochs: read ``mean-norms`` and ``max-norms`` of a run to set it.
-    eps2 : float (default: 1.6)
-        Split only while the largest update's norm is above it (>= 0).
-    min_split_size : int (default: 3)
-        Fewest updates a split is tested on (>= 2; the authors' code: more than 2).
-    warmup_rounds : int (default: 20)
-        No split in rounds ``1 .. warmup_rounds`` (the authors' code: 20).
-    linkage : str (default: "complete")
-        ``complete`` (the authors' code: complete-linkage agglomerative clustering on
-        the similarities) or ``optimal`` (the paper's optimal bipartition: the one whose
-        largest similarity between the two parts is smallest; single linkage).
-    split_quorum : float (default: 1.0)
-        Share of a cluster's reachable members whose sound replies a split test needs,
-        in (0, 1].
-    ground_truth : Mapping[int, int] | None (default: None)
-        Latent group of each partition id, to report ARI and NMI each round.
-    query_timeout : float (default: 300.0)
-        Seconds to wait for ``query.partition`` replies (asked once per node for its
-        partition id, which gives a run-independent node order and the ARI).
-    seed : int (default: 0)
-        Seed of node sampling.
-    train_timeout, fraction_train, ..., server_threads
-        ServerSideRound's and FedAvg's (``fraction_train``, ``fraction_evaluate``,
-        ``min_available_nodes``, ...).
     """
 
     # The state a checkpoint saves (node ids translated on resume):
@@ -180,7 +150,9 @@ class CFL(ClusteredRound):
 
     eps1: float = setting(
         default=0.4, help="split a cluster only while the norm of its weighted mean update is "
-        "below this (the authors' notebook: 0.4; depends on model, lr and epochs)", check=positive,
+                          "below this (the authors' notebook: 0.4; it depends on the model, the"
+                          " learning rate and the local epochs: read mean-norms and max-norms "
+                          "of a run to set it)", check=positive,
         rule="> 0", key="cfl-eps1")
     eps2: float = setting(
         default=1.6, help="... and while its largest client update norm is above this (the "

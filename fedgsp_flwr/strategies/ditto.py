@@ -18,10 +18,9 @@ from ..protocol import (
     PERSONAL_STEPS,
     TRAIN_DITTO,
 )
-from .fedavg import check_parameters
 from .hooked import HookedTrain
 from .metrics import reply_metrics
-from .params import non_negative, setting
+from .params import check_parameters, non_negative, setting
 
 FALLBACKS = {
     TRAIN_DITTO: "plain 'train' and 'evaluate' messages: Ditto reduces to FedAvg (no "
@@ -68,23 +67,6 @@ class Ditto(HookedTrain):
     the nodes keep them in a state directory (``ClientHooks.state_dir``; the app's
     ``client-state-dir``), from which a resumed run goes on.
 
-    Parameters
-    ----------
-    lambda_ : float (default: 1.0)
-        Weight of the personal models' pull to w (>= 0). 0: purely local training;
-        large: v_k stays at w (FedAvg). The authors' run scripts use 1. The pull is an
-        explicit SGD step: keep ``lr * lambda_`` <= 1 (it overshoots w beyond 1 and
-        diverges beyond 2 without momentum; a WARNING says so once).
-    personal_epochs : int (default: 0)
-        Local epochs of the personal model (0: as w's, ``local-epochs`` /
-        ``local-steps`` of the train config, as in the authors' code).
-    personal_steps : int (default: 0)
-        Mini-batch steps of the personal model instead (0: not by steps). At most one
-        of ``personal_epochs`` and ``personal_steps`` is > 0.
-    train_timeout, fraction_train, ..., query_timeout
-        ServerSideRound's and FedAvg's (``fraction_train``, ``fraction_evaluate``,
-        ``min_available_nodes``, ...).
-
     Attributes
     ----------
     plain : dict[int, str]
@@ -96,8 +78,11 @@ class Ditto(HookedTrain):
     hooked_metric, evaluate_type = "personal-clients", EVALUATE_DITTO
 
     lambda_: float = setting(
-        default=1.0, help="weight of the personal models' pull to the global model (0 = "
-        "local training; the authors' run scripts: 1; keep lr * lambda <= 1)",
+        default=1.0, help="weight of the personal models' pull to the global model w (0 = local"
+                          " training; large: v_k stays at w, FedAvg; the authors' run scripts: "
+                          "1). The pull is an explicit SGD step: keep lr * lambda <= 1 (it "
+                          "overshoots w beyond 1 and diverges beyond 2 without momentum; a "
+                          "WARNING says so once)",
         check=non_negative, rule=">= 0", key="ditto-lambda")
     personal_epochs: int = setting(
         default=0, help="local epochs of the personal model (0 = as the global model's: "

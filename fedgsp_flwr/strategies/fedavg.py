@@ -13,11 +13,9 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -26,13 +24,13 @@ from flwr.serverapp.strategy import Result
 
 from ..core._moved import moved
 from ..core.arrays import as_dtype
-from ..protocol import ARRAYS, CONFIG, EVALUATE, NUM_EXAMPLES, PARTITION, PROXIMAL_MU, TRAIN
+from ..protocol import ARRAYS, CONFIG, EVALUATE, NUM_EXAMPLES, PARTITION, TRAIN
 from ..threads import ThreadHintGrid, is_simulation, server_work
-from .decoding import values as array_values
+from .aggregation import GroupModel, array_bytes, weighted_mean
 from .exchange import Exchange
 from .metrics import MetricsAggregation, aggregate_metrics, metrics_order
 from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
-from .params import Configured, non_negative, positive, setting
+from .params import Configured, check_parameters, non_negative, positive, setting, unit
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .rounds import EvaluateFn, TrainResult, run_rounds
@@ -40,99 +38,10 @@ from .saved import load_declared, missing_declared, refuse_missing, save_declare
 from .state import NodeMap, StrategyState
 
 
-def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:
-    """Raise ``ValueError("<owner>: <message>")`` for the first failed (ok, message).
-
-    Raises
-    ------
-    ValueError
-        Naming the strategy and the parameter.
-    """
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(f"{owner}: {message}")
-
-
 def ours_if_none(aggregation: MetricsAggregation | None) -> MetricsAggregation:
     """``aggregation``, or :func:`~fedgsp_flwr.strategies.metrics.aggregate_metrics`
     for ``None`` (which Flower's constructors pass on for "the default")."""
     return aggregation or aggregate_metrics
-
-
-def unit(value: float) -> bool:
-    """In [0, 1]."""
-    return 0 <= value <= 1
-
-
-def average_arrays(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
-    """The weighted mean of models with the same keys, shapes and dtypes, in their
-    dtypes (integer arrays rounded).
-
-    Raises
-    ------
-    ValueError
-        If there is no model, or the weights are not positive.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    if not records or len(w) != len(records) or not (w > 0).all():
-        raise ValueError(f"need models and positive weights, got {len(records)} models "
-                         f"and weights {w.tolist()}")
-    w /= w.sum()
-    averaged = {}
-    for key in records[0]:
-        values = [array_values(r[key]) for r in records]
-        mean = sum(wi * v for wi, v in zip(w, values, strict=True))
-        averaged[key] = Array(as_dtype(mean, values[0].dtype))
-    return ArrayRecord(averaged)
-
-
-def weighted_mean(contents: Sequence[RecordDict], weighted_by_key: str
-                  ) -> dict[str, np.ndarray]:
-    """Flower's ``aggregate_arrayrecords`` (the same sums in the same order, so the same
-    bits) over the values the reply checks decoded, each model decoded once.
-    """
-    weights = [float(next(iter(c.metric_records.values()))[weighted_by_key])  # type: ignore[arg-type]
-               for c in contents]
-    total = sum(weights)
-    mean: dict[str, np.ndarray] = {}
-    for content, weight in zip(contents, (w / total for w in weights), strict=True):
-        for record in content.array_records.values():
-            for key, array in record.items():
-                if key not in mean:
-                    mean[key] = array_values(array) * weight
-                else:
-                    mean[key] += array_values(array) * weight
-    return {k: np.asarray(v) for k, v in mean.items()}
-
-
-def array_bytes(messages: Iterable[Message]) -> int:
-    """Bytes of the ArrayRecords the messages carry (error replies carry none)."""
-    return sum(record.count_bytes() for m in messages if m.has_content()
-               for record in m.content.array_records.values())
-
-
-@dataclass(frozen=True)
-class GroupModel:
-    """A model a strategy keeps beside the global one (a cluster's, a centre's, an
-    edge's, a relay group's) and the nodes it belongs to.
-
-    Attributes
-    ----------
-    arrays : ArrayRecord
-        The model.
-    nodes : list[int]
-        Its members' node ids, in partition-id order where known.
-    partition_ids : dict[int, int]
-        The ``partition-id`` of the members that reported one.
-    metrics : dict[str, Any]
-        Its last federated evaluation on its members (the ClientApp's metric names),
-        empty if it was not evaluated.
-    """
-
-    arrays: ArrayRecord
-    nodes: list[int]
-    partition_ids: dict[int, int] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class FedAvg(Configured, FlowerFedAvg):
@@ -160,22 +69,6 @@ class FedAvg(Configured, FlowerFedAvg):
     ``bytes-received``), the models uploaded (``uploads``: replies with content) and
     the seconds from sending a stage's messages to aggregating their replies
     (``train-time``, ``eval-time``).
-
-    Parameters
-    ----------
-    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
-    min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
-    train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        :class:`flwr.serverapp.strategy.FedAvg`'s, with its defaults (the metric
-        aggregations: :func:`~fedgsp_flwr.strategies.metrics.aggregate_metrics`).
-    max_untrained_rounds : int (default: 3)
-        Rounds in a row without a trained model after which the run stops (>= 1).
-    server_threads : int | None (default: None)
-        BLAS/OpenMP threads for the strategy's own numpy work during :meth:`start`.
-        ``None``: 1 in Flower's simulation engine, whose ClientApps own the cores (see
-        :mod:`fedgsp_flwr.threads`), the process's setting in deployment.
-    query_timeout : float (default: 300.0)
-        Seconds to wait for the nodes' answers to a query (their partition ids here).
 
     Attributes
     ----------
@@ -211,11 +104,15 @@ class FedAvg(Configured, FlowerFedAvg):
         default=3, help="rounds in a row without a trained model that stop the run",
         check=lambda v: v >= 1, rule=">= 1")
     server_threads: int | None = setting(
-        default=None, help="BLAS threads for the strategy's numpy work (None: 1 under "
-        "Ray)", check=lambda v: v is None or (type(v) is int and v >= 1),
+        default=None, help="BLAS/OpenMP threads for the strategy's own numpy work during "
+                           "start() (None: 1 in Flower's simulation engine, whose ClientApps "
+                           "own the cores; the process's setting in deployment)",
+        check=lambda v: v is None or (type(v) is int and v >= 1),
         rule="None or an integer >= 1")
-    query_timeout: float = setting(default=300.0, help="seconds to wait for the nodes' "
-                                   "answers to a query", check=positive, rule="> 0")
+    query_timeout: float = setting(default=300.0, help="seconds to wait for the nodes' answers "
+                                                       "to a query (partition ids; histograms, "
+                                                       "sketches where the strategy asks for "
+                                                       "them)", check=positive, rule="> 0")
 
     def __post_init__(self) -> None:
         FlowerFedAvg.__init__(
@@ -553,41 +450,8 @@ class FedAvg(Configured, FlowerFedAvg):
         entry[f"{prefix or TRAIN}-rejected"] = len(rejected)
 
 
-class FedProx(FedAvg):
-    """FedProx (Li et al., 2020): FedAvg whose clients add ``proximal_mu``/2
-    ||w - w_global||^2 to their loss.
-
-    The weight goes to the clients as ``proximal-mu`` in every training config, as in
-    :class:`flwr.serverapp.strategy.FedProx`.
-
-    Parameters
-    ----------
-    proximal_mu : float (default: 0.0)
-        Weight of the proximal term (>= 0).
-    fraction_train, ..., query_timeout
-        :class:`FedAvg`'s.
-    """
-
-    proximal_mu: float = setting(
-        default=0.0, help="proximal term weight (the constructor's 0.0, Flower's default, "
-        "is FedAvg; the app's 0.01 makes FedProx differ)", check=non_negative, rule=">= 0",
-        key="fedprox-mu", app_default=0.01)
-
-    def summary(self) -> None:
-        """Log the proximal weight, then FedAvg's settings."""
-        log(INFO, "\t├──> FedProx: proximal-mu %g", self.proximal_mu)
-        super().summary()
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """FedAvg's messages, with ``proximal-mu`` in their config."""
-        config[PROXIMAL_MU] = self.proximal_mu
-        return super().configure_train(server_round, arrays, config, grid)
-
-
-_MOVED = {"ServerSideRound": "fedgsp_flwr.strategies.server_round:ServerSideRound"}
+_HERE = "fedgsp_flwr.strategies"
+_MOVED = {"ServerSideRound": f"{_HERE}.server_round:ServerSideRound",
+          "FedProx": f"{_HERE}.fedprox:FedProx", "FEDPROX_PARAMS": f"{_HERE}.fedprox:PARAMS",
+          "average_arrays": f"{_HERE}.aggregation:average_arrays"}
 __getattr__ = moved(__name__, _MOVED)
-
-
-FEDPROX_PARAMS = FedProx.spec

@@ -50,42 +50,6 @@ class FedGSP(RelayStrategy):
 
     The defaults are the paper's ICG: one client drawn at random from every cluster
     into each group, the leftovers (K not divisible) sit the round out.
-
-    Parameters
-    ----------
-    growth : str (default: "log")
-        Growth function of the number of groups: ``linear``, ``log`` or ``exp``.
-    alpha : float (default: 2.0)
-        Growth rate (> 0).
-    beta : int (default: 10)
-        Initial number of groups and growth span (integer >= 1).
-    kappa : float (default: 0.3)
-        Fraction of groups sampled per round, in (0, 1].
-    grouping : str (default: "icg")
-        ``icg`` or ``random``.
-    num_groups : int | None (default: None)
-        A fixed number of groups M (turns growth off).
-    icg_iterations : int (default: 10)
-        ICG's maximum assignment/update iterations (tau).
-    icg_leftover : str (default: "drop")
-        ``drop`` (the paper) or ``distribute`` (ours) for clients outside the
-        equal-size clusters (see :func:`~fedgsp_flwr.core.grouping.icg`).
-    icg_normalize : bool (default: False)
-        Cluster label proportions instead of raw counts (the paper: counts).
-    icg_balance : bool (default: False)
-        ``True`` (ours) places each cluster's members over the groups so that the
-        groups' class distributions are as close to the global one as possible
-        (:func:`~fedgsp_flwr.core.grouping.balance_groups`); ``False`` is the
-        paper's random draw. Every group still holds one client of every cluster.
-    static_groups : bool | None (default: None)
-        Keep the first round's groups and orders (``None``: when ``num_groups`` is
-        set, as the paper's naive versions do; regroup every round otherwise).
-    cpd_sigma : float (default: 1.0)
-        Kernel width of the CPD metric.
-    relay_message_type, weighted_average, poll_interval, seed, train_timeout
-        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy`'s.
-    fraction_train, ..., query_timeout
-        FedAvg's.
     """
 
     histogram_fallback = ("nodes without a histogram are grouped at random (no ICG)")
@@ -105,7 +69,8 @@ class FedGSP(RelayStrategy):
                            check=lambda v: 0 < v <= 1, rule="in (0, 1]", key="fedgsp-kappa")
     grouping: str = setting(default="icg", help="icg or random (the app: by strategy "
                             "name)", choices=GROUPINGS)
-    num_groups: int | None = setting(default=None, help="a fixed number of groups",
+    num_groups: int | None = setting(default=None, help="a fixed number of groups M (turns "
+                                                        "growth off)",
                                      check=lambda v: v is None or v >= 1,
                                      rule="None or >= 1")
     icg_iterations: int = setting(default=10, help="ICG's maximum iterations (tau)",
@@ -119,8 +84,11 @@ class FedGSP(RelayStrategy):
     icg_balance: bool = setting(
         default=False, help="rearrange ICG's one-per-cluster draw to equalise group "
         "distributions (ours; false = the paper's random draw)", key="fedgsp-icg-balance")
-    static_groups: bool | None = setting(default=None, help="keep the first round's "
-                                         "groups (None: when num_groups is set)")
+    static_groups: bool | None = setting(default=None, help="keep the first round's groups and "
+                                                            "orders (None: when num_groups is "
+                                                            "set, as the paper's naive versions"
+                                                            " do; regroup every round "
+                                                            "otherwise)")
     cpd_sigma: float = setting(default=1.0, help="kernel width of the CPD metric",
                                check=positive, rule="> 0")
 

@@ -18,10 +18,10 @@ from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
 from ..protocol import PARTITION, SERVER_ROUND
 from . import saved
-from .fedavg import GroupModel, check_parameters
+from .aggregation import GroupModel
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import positive, setting
+from .params import check_parameters, positive, setting
 from .rounds import TrainResult
 from .server_round import ClusteredRound
 from .state import NodeMap, StrategyState, record_arrays, to_record
@@ -56,36 +56,6 @@ class FeSEM(ClusteredRound):
     nodes not assigned yet are counted (``eval-unassigned``), not scored. The global
     model that Flower's loop carries (and the server scores) is the mean of the
     centres weighted by their members; FeSEM itself never trains it.
-
-    Parameters
-    ----------
-    k : int (default: 4)
-        Number of centres.
-    init : str (default: "kmeans++")
-        ``kmeans++`` or ``seeds``.
-    centre_factory : Callable[[int], ArrayRecord] | None (default: None)
-        Builds centre k's initial model; required by ``seeds`` (the app passes the
-        run's model built with ``centre_seed(seed, k)``).
-    layers : Sequence[str] | None (default: None)
-        Array names the distances use (``None``: all).
-    new_clients : str (default: "initial")
-        How a first-seen node finds its centre: ``initial`` or ``probe`` (see above).
-        ``initial`` is cheaper, but a fit of the initial model lies nearest to the
-        centre that moved least from it, whatever the node's data.
-    weighted : bool (default: False)
-        M-step weights: ``False``, each W_i counts once (the paper's mean); ``True``, by
-        its ``weighted_by_key`` (examples), as FedAvg averages (ours).
-    ground_truth : Mapping[int, int] | None (default: None)
-        Latent group of each partition id, to report ARI and NMI each round.
-    query_timeout : float (default: 300.0)
-        Seconds to wait for ``query.partition`` replies (asked once per node for its
-        partition id, which gives a run-independent node order and the ARI).
-    seed : int (default: 0)
-        Seed of node sampling and k-means++.
-    train_timeout, fraction_train, ..., server_threads
-        ServerSideRound's (seconds to wait for a round's training and evaluation
-        replies) and FedAvg's (``fraction_train``, ``fraction_evaluate``,
-        ``min_available_nodes``, ...).
     """
 
     # The state a checkpoint saves (node ids translated on resume):

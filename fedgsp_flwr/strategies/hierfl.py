@@ -24,10 +24,10 @@ from ..core.edge_assignment import (
 )
 from ..protocol import LOCAL_STEPS, SERVER_ROUND
 from . import saved
-from .fedavg import GroupModel, average_arrays, check_parameters
+from .aggregation import GroupModel, average_arrays
 from .metrics import reply_metrics
 from .node_registry import NodeRegistry
-from .params import non_negative, positive, setting
+from .params import check_parameters, non_negative, positive, setting
 from .rounds import TrainResult
 from .server_round import ServerSideRound
 from .state import (
@@ -70,42 +70,6 @@ class HierFL(ServerSideRound):
     the edge models weighted by the examples each edge trained over its ``tau2`` edge
     rounds. Edges are virtual aggregators on the server; replies are averaged in
     partition-id order, so a run is bit-reproducible whatever the node ids.
-
-    Parameters
-    ----------
-    policy : str (default: "heuristic")
-        Assignment policy, one of :data:`~fedgsp_flwr.core.edge_assignment.POLICIES`
-        (``heuristic``: the paper's Algorithm 1, as in its Table II and Fig. 3).
-    num_edges : int (default: 10)
-        E, for a generated topology.
-    reach_per_user : int (default: 2)
-        r, for a generated topology (the paper's setting, see
-        :func:`~fedgsp_flwr.core.edge_assignment.paper_topology`). A node whose
-        node config states its edges (``edges="0,3"``, reported with its histogram)
-        reaches those instead.
-    reach_by : str (default: "group")
-        How a generated topology draws the extra edges: once per group of users with the
-        same original edge and class (``group``, the paper's groups of similar users near
-        the same edges) or per user (``user``).
-    topology : Topology | None (default: None)
-        A given topology, user i being the node with partition id i; overrides the
-        generated one.
-    tau1 : int (default: 1)
-        Local SGD steps per user per edge round (1: the paper's FedSGD).
-    tau2 : int (default: 2)
-        Edge rounds per cloud round.
-    time_limit : float (default: 10.0)
-        CP-SAT's time limit for the ``optimal`` and ``equal-size`` policies.
-    size_tolerance : float (default: 0.05)
-        ``equal-size`` only: every edge holds n/E examples within this fraction (the
-        paper's constraint (29)).
-    query_timeout : float (default: 300.0)
-        Seconds to wait for ``query.histogram`` replies.
-    seed : int (default: 0)
-        Seed of the generated topology, the random policy and user sampling.
-    train_timeout, fraction_train, ..., server_threads
-        ServerSideRound's (seconds to wait for the users' replies in one edge round) and
-        FedAvg's (``fraction_train``, ``min_available_nodes``, ...).
     """
 
     # The state a checkpoint saves (node ids translated on resume):
@@ -123,14 +87,18 @@ class HierFL(ServerSideRound):
         default=10, help="edges of a generated topology", check=positive, rule="> 0",
         key="hierfl-edges")
     reach_per_user: int = setting(
-        default=2, help="edges in range of each user of a generated topology (r)", check=positive,
+        default=2, help="edges in range of each user of a generated topology (r; the paper's "
+                        "setting, core.edge_assignment.paper_topology); a node whose node "
+                        "config states its edges (edges=\"0,3\", reported with its histogram) "
+                        "reaches those instead", check=positive,
         rule="> 0", key="hierfl-reach")
     reach_by: str = setting(
         default="group", help="generated topology: a group of users of one class on one edge "
         "shares its extra edges (group, the paper) or each user draws its own (user)",
         choices=REACH_BY, key="hierfl-reach-by")
     tau1: int = setting(
-        default=1, help="local SGD steps per user per edge round", check=positive, rule="> 0",
+        default=1, help="local SGD steps per user per edge round (1: the paper's FedSGD)",
+        check=positive, rule="> 0",
         key="hierfl-tau1")
     tau2: int = setting(
         default=2, help="edge rounds per cloud round", check=positive, rule="> 0",

@@ -18,8 +18,9 @@ from flwr.serverapp import Grid
 
 from ..protocol import EVALUATE, TRAIN
 from . import saved
+from .aggregation import array_bytes
 from .exchange import collect_reply_list
-from .fedavg import FedAvg, array_bytes
+from .fedavg import FedAvg
 from .hook_support import HookSupport, missing_handler
 from .replies import error_text
 from .rounds import TrainResult

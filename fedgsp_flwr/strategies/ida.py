@@ -29,15 +29,6 @@ class IDA(FedAvg):
     that differs with the clients' data sizes) are averaged with the weights but do not
     set them. Per round ``ida-weight-min`` and ``ida-weight-max`` report the spread of the
     weights.
-
-    Parameters
-    ----------
-    weighting : str (default: "inverse-distance")
-        ``inverse-distance``: the paper's IDA, weights ~ 1 / distance to the mean model;
-        ``inverse-distance-examples``: the paper's combination with FedAvg, weights ~
-        examples / distance (``weighted_by_key`` gives the examples).
-    fraction_train, ..., query_timeout
-        :class:`~fedgsp_flwr.strategies.fedavg.FedAvg`'s.
     """
 
     weighting: str = setting(

@@ -40,12 +40,12 @@ from ..protocol import (
     ifca_model_record,
 )
 from . import saved
+from .aggregation import GroupModel, array_bytes, average_arrays
 from .exchange import collect_reply_list, screen
-from .fedavg import GroupModel, array_bytes, average_arrays, check_parameters
 from .hook_support import HookSupport, missing_handler
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import non_negative, positive, setting
+from .params import check_parameters, non_negative, positive, setting
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
 from .server_round import ClusteredRound
@@ -141,40 +141,6 @@ class IFCA(ClusteredRound):
     k models and the reply of the lowest loss counts (``eval-inferred``); this changes
     no choice.
 
-    Parameters
-    ----------
-    k : int (default: 4)
-        Number of cluster models.
-    init : str (default: "redraw")
-        How the k models start. ``redraw``: model 0 is the initial model, model j >= 1
-        redraws each of its floating arrays from a normal with that array's mean and
-        standard deviation (seeded by ``seed`` and j; constant and integer arrays are
-        copied). ``seeds``: model j is ``model_factory(j)``.
-    model_factory : Callable[[int], ArrayRecord] | None (default: None)
-        Builds model j's initial weights; required by ``seeds`` (the app passes the
-        run's model built with ``centre_seed(seed, j)``).
-    head_layers : Sequence[str] | None (default: None)
-        The cluster-specific arrays (names, or module prefixes such as ``fc2``); every
-        other array is shared by the k models and averaged over all nodes. ``None``:
-        every array is cluster-specific (plain IFCA).
-    warmup_rounds : int (default: 0)
-        Rounds before the first choice in which each node trains, with plain ``train``,
-        the model of a group drawn for it at random (the authors' "initialization with
-        training" on FEMNIST); the models are averaged per group.
-    loss_key : str | None (default: None)
-        The loss metric of plain ``evaluate`` replies (``None``: found by name, see
-        :func:`~fedgsp_flwr.core.ifca.find_loss_key`).
-    ground_truth : Mapping[int, int] | None (default: None)
-        Latent group of each partition id, to report ARI and NMI each round.
-    query_timeout : float (default: 300.0)
-        Seconds to wait for ``query.partition`` replies (asked once per node for its
-        partition id, which gives a run-independent node order and the ARI).
-    seed : int (default: 0)
-        Seed of node sampling, warm-up groups and the ``redraw`` initialisation.
-    train_timeout, fraction_train, ..., server_threads
-        ServerSideRound's and FedAvg's (``fraction_train``, ``fraction_evaluate``,
-        ``min_available_nodes``, ...).
-
     Attributes
     ----------
     models : list[ArrayRecord]
@@ -208,8 +174,10 @@ class IFCA(ClusteredRound):
     model_factory: Callable[[int], ArrayRecord] | None = setting(
         default=None, help="builds model j's initial weights (required by init 'seeds')")
     head_layers: Sequence[str] | None = setting(
-        default=None, help="the cluster-specific arrays; the others are shared (None: all "
-        "cluster-specific)", check=lambda v: v is None or (
+        default=None, help="the cluster-specific arrays (names, or module prefixes such as "
+                           "fc2); the others are shared by the k models and averaged over all "
+                           "nodes (None: all cluster-specific, plain IFCA)",
+        check=lambda v: v is None or (
             not isinstance(v, str) and len(v) > 0 and all(isinstance(h, str) and h for h in v)),
         rule="None or a list of array names")
     loss_key: str | None = setting(

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping
+import re
+import textwrap
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
@@ -204,6 +206,7 @@ class Configured:
         for param in own:
             setattr(cls, param.name, param.default)
         cls.spec = Spec(cls.__name__, own)
+        cls.__doc__ = documented(cls)
         chain = [k for k in cls.__mro__[:cls.__mro__.index(Configured)]
                  if issubclass(k, Configured)]
         if all(getattr(vars(k).get("__init__"), "generated", "__init__" not in vars(k))
@@ -212,6 +215,57 @@ class Configured:
 
     def __post_init__(self) -> None:
         """Build what depends on the parameters (subclasses; they are set by then)."""
+
+
+def documented(cls: type[Configured]) -> str | None:
+    """``cls``'s docstring with its numpy-style ``Parameters`` section generated from the
+    declarations: each of its own parameters (type, default, help, range, run-config
+    key) and a private base's, then the other inherited ones by the class that declares
+    them. A docstring that has a ``Parameters`` section of its own keeps it.
+    """
+    doc = vars(cls).get("__doc__")
+    if not doc or _SECTION.search(doc):
+        return doc
+    lines, seen = ["Parameters", "----------"], set[str]()
+    for klass in cls.__mro__:
+        spec = vars(klass).get("spec")
+        if not isinstance(spec, Spec) or not issubclass(klass, Configured):
+            continue
+        params = [p for p in spec.params if p.keyword not in seen]
+        seen.update(p.keyword for p in params)
+        if klass is cls or klass.__name__.startswith("_"):
+            for param in params:
+                lines.extend(_entry(param, vars(klass).get("__annotations__", {})))
+        elif params:
+            lines.extend(textwrap.wrap(", ".join(p.keyword for p in params), 88))
+            lines.append(f"    :class:`~{klass.__module__}.{klass.__qualname__}`'s.")
+    head, attributes, tail = inspect.cleandoc(doc).partition("\nAttributes\n---")
+    return "\n".join([head.rstrip(), "", *lines]) + (
+        f"\n\nAttributes\n---{tail}" if attributes else "")
+
+
+def _entry(param: Param, annotations: Mapping[str, Any]) -> list[str]:
+    """One parameter's lines of a numpy-style ``Parameters`` section."""
+    kind = annotations.get(param.name)
+    kind = getattr(kind, "__name__", kind)
+    default = (f'"{param.default}"' if isinstance(param.default, str) else
+               getattr(param.default, "__name__", None) or repr(param.default))
+    text = param.help[:1].upper() + param.help[1:].rstrip(".") + "."
+    if param.choices is not None:
+        text += " One of " + ", ".join(f"``{c}``" for c in param.choices) + "."
+    elif param.rule:
+        text += f" Must be {param.rule}."
+    if param.key:
+        text += f" Run config: ``{param.key}``"
+        text += (f" (the app's default: {param.app_default!r})."
+                 if param.app_default is not None else ".")
+    return [f"{param.keyword} : {kind} (default: {default})" if kind else
+            f"{param.keyword} (default: {default})",
+            *textwrap.wrap(text, 84, initial_indent="    ", subsequent_indent="    ",
+                           break_on_hyphens=False)]
+
+
+_SECTION = re.compile(r"^\s*Parameters\n\s*-{3,}$", re.MULTILINE)
 
 
 def _constructor(cls: type[Configured]) -> Callable[..., None]:
@@ -248,3 +302,20 @@ def non_negative(value: float) -> bool:
     """``>= 0``."""
     return value >= 0
 
+
+def unit(value: float) -> bool:
+    """In [0, 1]."""
+    return 0 <= value <= 1
+
+
+def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:
+    """Raise ``ValueError("<owner>: <message>")`` for the first failed (ok, message).
+
+    Raises
+    ------
+    ValueError
+        Naming the strategy and the parameter.
+    """
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(f"{owner}: {message}")

@@ -23,8 +23,8 @@ from ..core.cluster_rules import (
 )
 from ..protocol import CLUSTER_ID, PARTITION_ID
 from . import saved
-from .fedavg import GroupModel, check_parameters
-from .params import non_negative, positive, setting
+from .aggregation import GroupModel
+from .params import check_parameters, non_negative, positive, setting
 from .sequential import RelayStrategy
 
 CLUSTER_SOURCES = (*CLUSTER_RULES, "node-config", "file")
@@ -89,27 +89,6 @@ class SemiFL(RelayStrategy):
     stated cluster or listed partition, joins the smallest cluster with fewer than
     ``cluster_size`` nodes, or starts a new one when all are full (logged); a node that
     is gone is left out of its cluster's chain while it is away.
-
-    Parameters
-    ----------
-    clusters : str (default: "c3")
-        One of :data:`CLUSTER_SOURCES`.
-    cluster_size : int (default: 10)
-        Clients per cluster of the rules.
-    offset : int (default: 0)
-        ``label-homogeneous``: rotation of the class-sorted order before cutting it.
-    assignment : Mapping[int, int] | None (default: None)
-        Partition id -> cluster id, required by ``clusters="file"``.
-    shuffle_order : bool (default: False)
-        Shuffle each cluster's training order every round; ``False`` keeps one fixed
-        order (by partition id).
-    weighted_average : bool (default: False)
-        Weight the cluster models by their examples; ``False`` is the paper's uniform
-        mean.
-    relay_message_type, poll_interval, seed, train_timeout
-        :class:`~fedgsp_flwr.strategies.sequential.RelayStrategy`'s.
-    fraction_train, ..., query_timeout
-        FedAvg's.
     """
 
     histogram_fallback = ("nodes without a histogram join the clusters in node order, "

@@ -16,8 +16,8 @@ from flwr.serverapp import Grid
 
 from ..protocol import METRICS, SERVER_ROUND, TRAIN
 from . import saved
+from .aggregation import GroupModel, average_arrays
 from .exchange import MAX_POLL_INTERVAL
-from .fedavg import GroupModel, average_arrays
 from .metrics import MetricsAggregation
 from .node_registry import NodeRegistry, node_label
 from .params import non_negative, positive, setting
@@ -48,26 +48,6 @@ class RelayStrategy(ServerSideRound):
     carries the round's training config (``lr``, ... as given to ``start``, unchanged)
     plus ``server-round``, ``relay-group`` and ``relay-hop``. The nodes' class
     histograms are asked once per node (``query.histogram``) and kept in :attr:`known`.
-
-    Parameters
-    ----------
-    query_timeout : float (default: 300.0)
-        Seconds to wait for ``query.histogram`` replies.
-    relay_message_type : str (default: "train")
-        Message type of the hops: ``train``, or ``train.<name>`` for a ClientApp that
-        tells hops apart; a node without a handler for it gets ``train``.
-    weighted_average : bool (default: True)
-        Average the chains' models weighted by the examples trained along each chain;
-        ``False`` takes the uniform mean.
-    poll_interval : float (default: 0.02)
-        Seconds between polls for hop replies while none arrived.
-    seed : int (default: 0)
-        Seed of the strategy's own random choices (grouping, sampling, order).
-    train_timeout : float (default: 3600.0)
-        Seconds a node may take for one hop before it is skipped (capped by
-        ``start()``'s ``timeout``).
-    fraction_train, ..., max_untrained_rounds, server_threads
-        FedAvg's (sampling of evaluation nodes, keys, ...).
     """
 
     histogram_fallback = "nodes without a histogram are grouped at random"

@@ -23,8 +23,9 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from ..core.sampling import sample_share
 from ..protocol import ARRAYS, CONFIG, EVALUATE, TRAIN
 from . import saved
+from .aggregation import array_bytes
 from .exchange import Screened, collect_reply_list, screen
-from .fedavg import FedAvg, array_bytes
+from .fedavg import FedAvg
 from .metrics import metrics_order
 from .params import non_negative, positive, setting
 from .replies import reply_problem
@@ -83,20 +84,12 @@ class ServerSideRound(FedAvg):
     Flower's ``configure_train`` / ``aggregate_train`` pair cannot make such a round:
     called, they raise ``TypeError`` (use :meth:`start`, or :meth:`train_round` and
     :meth:`evaluate_round` from a loop of your own).
-
-    Parameters
-    ----------
-    train_timeout : float (default: 3600.0)
-        Seconds to wait for the training (and evaluation) replies the strategy
-        collects itself: a round's, an edge round's, a relay hop's. ``start()``'s
-        ``timeout`` caps it.
-    fraction_train, ..., query_timeout
-        FedAvg's.
     """
 
     train_timeout: float = setting(
-        default=3600.0, help="seconds to wait for the replies the strategy collects "
-        "itself (capped by start()'s timeout)", check=positive, rule="> 0")
+        default=3600.0, help="seconds to wait for the training (and evaluation) replies the "
+                             "strategy collects itself: a round's, an edge round's, a relay "
+                             "hop's (capped by start()'s timeout)", check=positive, rule="> 0")
 
     @property
     def reply_timeout(self) -> float:
@@ -259,17 +252,6 @@ class ClusteredRound(ServerSideRound):
     """Base of the clustered strategies (CFL, FeSEM, IFCA, StoCFL): a seed whose two
     generators draw training's nodes (and the strategy's own draws) and evaluation's
     apart, and the latent groups their clusterings are scored against.
-
-    Parameters
-    ----------
-    seed : int (default: 0)
-        Seeds :attr:`rng` (training's sampling, the strategy's draws) and
-        :attr:`eval_rng` (evaluation's sampling), so ``fraction_evaluate`` changes
-        nothing in training.
-    ground_truth : Mapping[int, int] | None (default: None)
-        Latent group of each partition id, to report ARI and NMI each round.
-    train_timeout, fraction_train, ..., query_timeout
-        ServerSideRound's and FedAvg's.
     """
 
     # Each strategy declares its own checkpoint keys for the two:
@@ -277,7 +259,9 @@ class ClusteredRound(ServerSideRound):
     eval_rng = saved.generator("eval-rng")
 
     seed: int = setting(
-        default=0, help="seed of node sampling and the strategy's draws (the app: its seed)",
+        default=0, help="seeds training's sampling and the strategy's draws and, apart, "
+                        "evaluation's sampling, so that fraction_evaluate changes nothing in "
+                        "training (the app: its seed)",
         check=non_negative, rule=">= 0")
     ground_truth: Mapping[int, int] | None = setting(
         default=None, help="latent group of each partition id, to report ARI and NMI")

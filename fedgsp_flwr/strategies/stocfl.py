@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -36,7 +34,6 @@ from ..protocol import (
     QUERY_PARTITION,
     QUERY_SKETCH,
     SERVER_ROUND,
-    SKETCH,
     SKETCH_DIM,
     SKETCH_EPOCHS,
     SKETCH_MODE,
@@ -45,17 +42,18 @@ from ..protocol import (
     TRAIN_BILEVEL,
 )
 from . import saved
+from .aggregation import GroupModel, array_bytes, average_arrays
 from .decoding import values
 from .exchange import collect_reply_list, screen, unreachable
-from .fedavg import GroupModel, array_bytes, average_arrays
 from .hook_support import HookSupport
 from .metrics import renamed, reply_metrics
-from .node_queries import agreed_vectors, query_partitions, reply_vector, vector_problem
+from .node_queries import query_partitions
 from .node_registry import node_label
 from .params import non_negative, setting
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
 from .server_round import ClusteredRound
+from .sketch_queries import SketchReplies, query_sketches, sketch_length, sketch_messages
 
 FALLBACKS = {
     QUERY_PARTITION: "nodes are sampled in node-id order, so a seed's samples differ from run "
@@ -69,29 +67,6 @@ FALLBACKS = {
 
 
 OWN = "own"  # an evaluated node's own model (its cluster's, inferred, or w)
-
-# State-dict entries of a torch model that are buffers, not parameters (no gradient).
-BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
-
-
-@dataclass
-class SketchReplies:
-    """Answers to ``query.sketch``, by node.
-
-    Attributes
-    ----------
-    sketches : dict[int, np.ndarray]
-        The usable sketches (float32).
-    problems : dict[int, str]
-        Why the other nodes have none.
-    partitions : dict[int, int]
-        The partition ids the replies reported.
-    """
-
-    sketches: dict[int, np.ndarray] = field(default_factory=dict)
-    problems: dict[int, str] = field(default_factory=dict)
-    partitions: dict[int, int] = field(default_factory=dict)
-
 
 class StoCFL(ClusteredRound):
     """StoCFL (Zeng et al.): clusters by sketches, bi-level global and cluster models.
@@ -124,43 +99,6 @@ class StoCFL(ClusteredRound):
     clustering: it trains the global model with a plain ``train`` message and is
     evaluated with w; the run goes on with a logged warning.
 
-    Parameters
-    ----------
-    tau : float (default: 0.5)
-        Merge threshold in [-1, 1] (1: no merging, -1: one cluster).
-    lambda_ : float (default: 0.05)
-        Weight of the proximal term tying theta_k to w (0: plain clustered FL).
-    sketch : str (default: "gradient")
-        ``gradient`` (the paper's Psi) or ``update`` (the authors' code: the anchor
-        minus the anchor trained ``sketch_epochs`` local epochs).
-    sketch_dim : int (default: 0)
-        Clients project their sketch to this many numbers (0 = the model's size).
-    sketch_epochs : int (default: 1)
-        Local epochs of the ``update`` sketch.
-    sketch_seed : int (default: 0)
-        Seed of the clients' common projection.
-    merge_model : str (default: "larger")
-        Model of a merged cluster when both clusters' models have trained: the
-        ``larger`` cluster's (the older one's on a tie; the authors' ``unite`` in
-        StoCFL-FCC.py), or the size-``weighted`` mean of both. Whatever the rule, a
-        cluster that has never trained never passes its model on over a trained one
-        (:meth:`~fedgsp_flwr.core.clustering.Merge.model_weights`).
-    holdout_fraction : float (default: 0.0)
-        Fraction of the nodes (drawn with the seed when first connected) never sampled
-        for training; evaluation scores them by inference (the paper's Table 4).
-    ground_truth : Mapping[int, int] | None (default: None)
-        Latent group of each partition id, to report ARI and NMI each round.
-    query_timeout : float (default: 300.0)
-        Seconds to wait for sketch replies (``query.sketch``, which carries the round's
-        training config beside the sketch settings).
-    seed : int (default: 0)
-        Seed of node sampling and hold-out (training and evaluation sample with
-        generators of their own).
-    train_timeout, fraction_train, ..., server_threads
-        ServerSideRound's (seconds to wait for the training and evaluation replies of a
-        round) and FedAvg's (``fraction_train``, ``fraction_evaluate``,
-        ``min_available_nodes``, ...).
-
     Attributes
     ----------
     clustering : SketchClustering
@@ -189,13 +127,18 @@ class StoCFL(ClusteredRound):
     eval_sketches = saved.node_vectors("eval-sketch-nodes", "eval-sketch")  # for inference
 
     tau: float = setting(
-        default=0.5, help="merge threshold on cluster cosine similarity",
+        default=0.5, help="merge threshold on cluster cosine similarity (1: no merging, -1: one"
+                          " cluster)",
         check=lambda v: -1 <= v <= 1, rule="in [-1, 1]", key="stocfl-tau")
     lambda_: float = setting(
-        default=0.05, help="weight of the cluster models' pull to the global model",
+        default=0.05, help="weight of the proximal term tying each cluster model theta_k to the"
+                           " global model w (0: plain clustered FL)",
         check=non_negative, rule=">= 0", key="stocfl-lambda")
     sketch: str = setting(
-        default="gradient", help="client sketch", choices=SKETCH_MODES, key="stocfl-sketch")
+        default="gradient", help="client sketch: gradient (the paper's Psi) or update (the "
+                                 "authors' code: the anchor minus the anchor trained "
+                                 "sketch_epochs local epochs)",
+        choices=SKETCH_MODES, key="stocfl-sketch")
     sketch_dim: int = setting(
         default=0, help="sketch projected on the client to this many numbers (0 = model size)",
         check=non_negative, rule=">= 0", key="stocfl-sketch-dim")
@@ -206,10 +149,16 @@ class StoCFL(ClusteredRound):
         default=0, help="seed of the sketch projection (the app: its seed)", check=non_negative,
         rule=">= 0")
     merge_model: str = setting(
-        default="larger", help="model of a merged cluster", choices=MERGE_MODELS,
+        default="larger", help="model of a merged cluster when both clusters' models have "
+                               "trained: the larger cluster's (the older one's on a tie; the "
+                               "authors' unite) or the size-weighted mean; a cluster that never"
+                               " trained never passes its model on over a trained one",
+        choices=MERGE_MODELS,
         key="stocfl-merge-model")
     holdout_fraction: float = setting(
-        default=0.0, help="fraction of nodes never trained, scored by read-only inference",
+        default=0.0, help="fraction of the nodes (drawn with the seed when first connected) "
+                          "never sampled for training, scored by read-only inference (the "
+                          "paper's Table 4)",
         check=lambda v: 0 <= v < 1, rule="in [0, 1)", key="stocfl-holdout-fraction")
 
     def __post_init__(self) -> None:
@@ -248,54 +197,19 @@ class StoCFL(ClusteredRound):
         round's training config (the ``update`` sketch trains with it).
         """
         assert self.anchor is not None
-        config = ConfigRecord({**dict(self._train_config), **dict(self.sketch_config)})
-        return [Message(RecordDict({ARRAYS: self.anchor, CONFIG: config}),
-                        dst_node_id=n, message_type=QUERY_SKETCH) for n in nodes]
+        return sketch_messages(self.anchor, ConfigRecord(
+            {**dict(self._train_config), **dict(self.sketch_config)}), nodes)
 
     def query_sketches(self, grid: Grid, nodes: Sequence[int]) -> SketchReplies:
-        """Ask the nodes for their sketches at the anchor; change no state.
-
-        Returns
-        -------
-        SketchReplies
-            The usable sketches (float32), why the other nodes have none, and the
-            partition ids the replies reported.
-        """
-        out = SketchReplies()
+        """Ask the nodes for their sketches at the anchor; change no state."""
         if not nodes:
-            return out
-        size = self.sketch_size()
-        replies = self.hooks.collect(grid, self.sketch_queries(nodes), self.query_timeout)
-        sound: dict[int, Message] = {}
-        for node, reply in zip(nodes, replies, strict=True):
-            problem = (f"no reply within {self.query_timeout:g}s" if reply is None
-                       else vector_problem(reply, SKETCH, size))
-            if problem is None and reply is not None:
-                if not np.linalg.norm(reply_vector(reply, SKETCH).astype(np.float64)) > 0:
-                    problem = "sketch has zero norm"
-                else:
-                    sound[node] = reply
-            if problem is not None:
-                out.problems[node] = problem
-        kept, out.partitions, refused = agreed_vectors(
-            sound, SKETCH, size, {p: n for n, p in self.partition_ids.items()},
-            self.known.num_partitions)
-        out.problems.update(refused)
-        out.sketches = {node: vector.astype(np.float32) for node, vector in kept.items()}
-        return out
-
-    def sketch_size(self) -> int | None:
-        """The sketch length the server expects: ``sketch_dim``, else the model's
-        parameter count (its float arrays' sizes, BatchNorm's running statistics aside:
-        a sketch is over the trainable parameters); ``None`` without an anchor (then
-        the length most replies agree on, never the first reply's).
-        """
-        if dim := cast(int, self.sketch_config[SKETCH_DIM]):
-            return dim
-        if self.anchor is None:
-            return self.clustering.dim
-        return sum(math.prod(a.shape) for k, a in self.anchor.items()
-                   if np.dtype(a.dtype).kind == "f" and not k.endswith(BUFFER_SUFFIXES))
+            return SketchReplies()
+        size = sketch_length(self.anchor, cast(int, self.sketch_config[SKETCH_DIM]),
+                             self.clustering.dim)
+        return query_sketches(grid, self.sketch_queries(nodes), size, self.hooks,
+                              self.query_timeout,
+                              {p: n for n, p in self.partition_ids.items()},
+                              self.known.num_partitions)
 
     def ask_sketches(self, grid: Grid, nodes: Sequence[int]) -> dict[int, np.ndarray]:
         """Ask the nodes neither clustered nor plain yet for their sketches at the anchor

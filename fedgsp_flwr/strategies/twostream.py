@@ -42,13 +42,6 @@ class FedMMD(HookedTrain):
     config. A ClientApp without the handler trains with plain ``train`` messages: FedMMD
     is then FedAvg (one WARNING; ``mmd-clients`` counts the nodes that ran the hook).
     The method and our choices: docs/strategies/baselines.md#fedmmd-and-fedfusion.
-
-    Parameters
-    ----------
-    mmd_weight : float (default: 0.1, the authors' code)
-        Weight of the MMD term (>= 0; 0 is FedAvg's local step).
-    train_timeout, fraction_train, ..., query_timeout
-        ServerSideRound's and FedAvg's.
     """
 
     owner, train_type, hooked_metric = "FedMMD", TRAIN_FEDMMD, "mmd-clients"
@@ -94,21 +87,6 @@ class FedFusion(HookedTrain):
     sent the model without the module, trains it with plain ``train``, and its reply
     counts the module as received (unchanged). ``fusion-clients`` counts the nodes that
     ran the hook. The method and our choices: docs/strategies/baselines.md#fedmmd-and-fedfusion.
-
-    Parameters
-    ----------
-    operator : str (default: "conv")
-        ``conv`` (a 1x1 convolution of both feature maps), ``multi`` (a learnt weight
-        per channel) or ``single`` (one learnt weight).
-    seed : int (default: 0)
-        Seed of the ``conv`` module's initialisation.
-    gamma_momentum : float (default: 0.9, the authors' code)
-        ``multi`` and ``single`` only: the new global gamma is ``gamma_momentum`` x the
-        gamma sent + (1 - ``gamma_momentum``) x the clients' mean (the authors' server
-        side shadow update, :func:`fedgsp_flwr.core.fusion.shadow_gamma`); 0 averages
-        gamma as FedAvg averages the rest. In [0, 1).
-    train_timeout, fraction_train, ..., query_timeout
-        ServerSideRound's and FedAvg's.
     """
 
     owner, train_type, hooked_metric = "FedFusion", TRAIN_FEDFUSION, "fusion-clients"
@@ -121,8 +99,11 @@ class FedFusion(HookedTrain):
     seed: int = setting(default=0, help="seed of the fusion module's initialisation (the "
                         "app: its seed)")
     gamma_momentum: float = setting(
-        default=fusion.SHADOW_MOMENTUM, help="multi/single: server momentum of gamma (the "
-        "authors' shadow update; 0 = FedAvg's mean)", check=lambda v: 0 <= v < 1,
+        default=fusion.SHADOW_MOMENTUM, help="multi and single only: the new global gamma is "
+                                             "gamma_momentum x the gamma sent + (1 - "
+                                             "gamma_momentum) x the clients' mean (the authors'"
+                                             " server-side shadow update); 0 averages gamma as "
+                                             "FedAvg averages the rest", check=lambda v: 0 <= v < 1,
         rule="in [0, 1)", key="fedfusion-gamma-momentum")
 
     def __post_init__(self) -> None:

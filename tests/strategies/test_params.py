@@ -34,7 +34,7 @@ from fedgsp_flwr.strategies import (
     stocfl,
     twostream,
 )
-from fedgsp_flwr.strategies.fedavg import FEDPROX_PARAMS
+from fedgsp_flwr.strategies.fedprox import PARAMS as FEDPROX_PARAMS
 from fedgsp_flwr.strategies.metrics import aggregate_metrics
 from fedgsp_flwr.strategies.params import Configured, Param, Spec, setting
 from fedgsp_flwr.strategies.sequential import RelayStrategy
@@ -142,3 +142,26 @@ def test_a_declared_strategy_takes_flowers_parameters_and_passes_them_on() -> No
     assert strategy.train_metrics_aggr_fn is aggregate_metrics
     assert FedProx(fraction_evaluate=0.0).min_evaluate_nodes == 0  # as Flower's does
     assert "proximal_mu" in inspect.signature(FedProx).parameters
+
+
+def test_the_docstring_documents_every_parameter_from_its_declaration() -> None:
+    """The Parameters section is generated (no class keeps a hand-written one): every
+    keyword of the signature in it, each own parameter with its default, range and key."""
+    from fedgsp_flwr import strategies
+
+    documented = [cls for cls in vars(strategies).values()
+                  if isinstance(cls, type) and issubclass(cls, Configured)]
+    assert len(documented) >= 15
+    for cls in documented:
+        section = cls.__doc__.partition("\nParameters\n----------\n")[2].partition(
+            "\n\nAttributes\n")[0]
+        names = {name.strip() for line in section.splitlines() if line[:1] not in ("", " ")
+                 for name in line.split(" : ")[0].split(" (default")[0].split(",")}
+        assert names - {""} == set(inspect.signature(cls).parameters), cls.__name__
+    text = StoCFL.__doc__
+    assert ("tau : float (default: 0.5)\n    Merge threshold on cluster cosine similarity "
+            "(1: no merging, -1: one cluster).\n    Must be in [-1, 1]. Run config: "
+            "``stocfl-tau``.\n") in text
+    assert ":class:`~fedgsp_flwr.strategies.fedavg.FedAvg`'s." in text
+    assert 'sketch : str (default: "gradient")' in text
+    assert " ".join(text.split()).count("One of ``gradient``, ``update``.") == 1

@@ -64,7 +64,7 @@ def _fesem_e_step(models: int = 100, centres: int = 4) -> Callable[[], object]:
 def _weighted_average(replies: int = 100) -> Callable[[], object]:
     from flwr.app import Array, ArrayRecord
 
-    from fedgsp_flwr.strategies.fedavg import average_arrays
+    from fedgsp_flwr.strategies.aggregation import average_arrays
 
     rng = np.random.default_rng(3)
     shapes = {"0.weight": (2048, 784), "0.bias": (2048,), "2.weight": (10, 2048),
