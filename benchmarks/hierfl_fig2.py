@@ -157,7 +157,8 @@ def plot(summary: list[dict], path: str) -> None:
             ax.fill_between(px, mean - std, mean + std, alpha=0.2)
         ax.set_xscale("log")
         ax.set_xlabel("groups" if part == "fig2" else "users")
-        ax.set_title(f"{part}: {scenario}" if part == "fig2" else f"grouped reach, {scenario}")
+        ax.set_title(f"{part}: {scenario}" if part == "fig2"
+                     else f"grouped reach, r = {scenario[1:]}")
         ax.set_ylabel("J")
         ax.set_ylim(bottom=0)
     np.atleast_1d(axes)[0].legend(fontsize=8)
@@ -185,12 +186,12 @@ def main() -> None:
     started = time.perf_counter()
     instances = []
     jobs = [("fig2", scenario, size) for scenario in ("iid", "non-iid") for size in args.groups]
-    jobs += [("topology", f"r={r}", size) for r in args.r for size in args.users]
+    jobs += [("topology", f"r{r}", size) for r in args.r for size in args.users]
     for part, scenario, size in jobs:
         for seed in args.seeds:
             rng = np.random.default_rng(seed)
             problem, original = (fig2_instance(size, scenario, rng) if part == "fig2" else
-                                 topology_instance(size, int(scenario[2:]), rng))
+                                 topology_instance(size, int(scenario[1:]), rng))
             row = {"part": part, "scenario": scenario, "size": size, "seed": seed,
                    **run_policies(problem, original, seed, args.time_limit, args.workers)}
             instances.append(row)

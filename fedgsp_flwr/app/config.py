@@ -23,32 +23,17 @@ from typing import Any
 from ..clients.handlers import TrainSettings
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
-from ..strategies.cfl import PARAMS as CFL_PARAMS
-from ..strategies.ditto import PARAMS as DITTO_PARAMS
-from ..strategies.fedgsp import PARAMS as FEDGSP_PARAMS
-from ..strategies.fedprox import PARAMS as FEDPROX_PARAMS
-from ..strategies.fesem import PARAMS as FESEM_PARAMS
-from ..strategies.hierfl import PARAMS as HIERFL_PARAMS
-from ..strategies.ida import PARAMS as IDA_PARAMS
-from ..strategies.ifca import PARAMS as IFCA_PARAMS
 from ..strategies.params import Param, non_negative, positive
 from ..strategies.semifl import CLUSTER_SOURCES
-from ..strategies.semifl import PARAMS as SEMIFL_PARAMS
-from ..strategies.sequential import PARAMS as RELAY_PARAMS
-from ..strategies.stocfl import PARAMS as STOCFL_PARAMS
-from ..strategies.twostream import FEDFUSION_PARAMS, FEDMMD_PARAMS
+from .catalog import CATALOG, keyed_specs
 
-# The strategies the app builds by name (fedgsp_flwr.app.registry maps each to a
-# constructor); ``centralized`` is the experiment runner's baseline, not a strategy.
-STRATEGY_NAMES = ("fedavg", "fedprox", "fedgsp", "naivegsp", "naivegsp-icg", "hierfl",
-                  "stocfl", "fesem", "semifl", "ifca", "cfl", "ditto", "fedadagrad",
-                  "fedadam", "fedyogi", "ida", "fedmmd", "fedfusion")
+# The strategies the app builds by name (fedgsp_flwr.app.catalog); ``centralized`` is
+# the experiment runner's baseline, not a strategy.
+STRATEGY_NAMES = tuple(CATALOG)
 
-# The strategies whose run-config keys their own parameter spec declares
-# (fedgsp_flwr.strategies.params); the others' keys are RunConfig's fields below.
-SPECS = (FEDPROX_PARAMS, FEDGSP_PARAMS, RELAY_PARAMS, IDA_PARAMS, FEDMMD_PARAMS,
-         FEDFUSION_PARAMS, HIERFL_PARAMS, STOCFL_PARAMS, SEMIFL_PARAMS, FESEM_PARAMS,
-         IFCA_PARAMS, CFL_PARAMS, DITTO_PARAMS)
+# The parameter specs that declare run-config keys (fedgsp_flwr.strategies.params), of
+# the strategies' classes and their bases; the app's own keys are RunConfig's fields.
+SPECS = keyed_specs()
 SPEC_KEYS: dict[str, Param] = {p.key: p for spec in SPECS for p in spec.keyed()
                                if p.key is not None}
 if len(SPEC_KEYS) != sum(len(spec.keyed()) for spec in SPECS):
@@ -213,20 +198,11 @@ class RunConfig:
         0.0, "Laplace noise on the class histograms nodes report: privacy budget epsilon "
         "(0 = exact counts; a node's own histogram-epsilon node config wins)",
         lambda v: v >= 0, ">= 0")
-    hierfl_topology: str = _setting(
-        "", "HierFL topology file, JSON or CSV, user i = partition id i ('' = generated)")
     semifl_clusters: str = _setting(
         "c3", "Semi-FL static clusters: a rule (the paper: c3), node-config (each node's "
         "cluster-id) or a .json/.csv file (partition id -> cluster id)",
         _is_cluster_source, "one of " + ", ".join(s for s in CLUSTER_SOURCES if s != "file")
         + " or a .json/.csv cluster file")
-    fesem_layers: str = _setting(
-        "", "FeSEM layers (comma-separated array names) the distances use ('' = all)")
-    ifca_head_layers: str = _setting(
-        "", "IFCA cluster-specific arrays (comma-separated names or module prefixes, e.g. "
-        "'fc2'); the others are one shared feature extractor ('' = all cluster-specific)")
-    ifca_loss_key: str = _setting(
-        "", "IFCA: the loss metric of plain ClientApps' evaluate replies ('' = found by name)")
     cost_flops_per_example: float = _setting(
         0.0, "cost model (FedGSP Eq. 15): training FLOPs per example (0 = counted from the "
         "run's model)", non_negative, ">= 0")
@@ -291,7 +267,7 @@ class RunConfig:
         """Return each run-config key's type name (``int``, ``float``, ``str``,
         ``bool``)."""
         return {**{to_key(f.name): str(f.type) for f in _fields(cls)},
-                **{key: p.type.__name__ for key, p in SPEC_KEYS.items()}}
+                **{key: p.run_type.__name__ for key, p in SPEC_KEYS.items()}}
 
     @classmethod
     def from_mapping(
@@ -334,8 +310,8 @@ class RunConfig:
         options = _spec_defaults()
         for key, param in SPEC_KEYS.items():
             if key in values:
-                options[key] = _coerce(key, values[key], param.type.__name__,
-                                       param.run_default, param.allows, param.range)
+                options[key] = _coerce(key, values[key], param.run_type.__name__,
+                                       param.run_default, param.allows_run, param.range)
         return cls(**kwargs, options=options)
 
     def to_mapping(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from . import saved
 from .aggregation import GroupModel
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import check_parameters, positive, setting
+from .params import array_names, check_parameters, positive, setting
 from .rounds import TrainResult
 from .server_round import ClusteredRound
 from .state import NodeMap, StrategyState, record_arrays, to_record
@@ -79,8 +79,10 @@ class FeSEM(ClusteredRound):
     centre_factory: Callable[[int], ArrayRecord] | None = setting(
         default=None, help="builds centre k's initial model (required by init 'seeds')")
     layers: Sequence[str] | None = setting(
-        default=None, help="array names the distances use (None: all)",
-        check=lambda v: v is None or len(v) > 0, rule="None or a non-empty list of names")
+        default=None, help="array names the distances use (None: all; the run config: "
+        "comma-separated, '' = all)", check=lambda v: v is None or len(v) > 0,
+        rule="None or a non-empty list of names", key="fesem-layers", app_default="",
+        parse=array_names)
 
     def __post_init__(self) -> None:
         super().__post_init__()

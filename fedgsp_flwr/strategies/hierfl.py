@@ -18,6 +18,7 @@ from ..core.edge_assignment import (
     Topology,
     assign,
     edge_class_coverage,
+    load_topology,
     objective,
     paper_topology,
     warm_start,
@@ -52,6 +53,10 @@ def load_generated(state: StrategyState, key: str, node_map: NodeMap, _: object
     return {node_map(n): (reach.astype(bool), int(original)) for n, reach, original in zip(
         state.meta[key], state.arrays["generated-reach"], state.meta["generated-original"],
         strict=True)}
+
+
+def _topology_file(path: str) -> Topology | None:
+    return load_topology(path) if path else None
 
 
 class HierFL(ServerSideRound):
@@ -114,7 +119,8 @@ class HierFL(ServerSideRound):
         check=non_negative, rule=">= 0")
     topology: Topology | None = setting(
         default=None, help="a given topology, user i the node of partition id i (overrides "
-        "the generated one)")
+        "the generated one; the run config: a JSON or CSV file, '' = generated)",
+        key="hierfl-topology", app_default="", parse=_topology_file)
 
     def __post_init__(self) -> None:
         super().__post_init__()

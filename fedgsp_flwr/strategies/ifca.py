@@ -45,7 +45,7 @@ from .exchange import collect_reply_list, screen
 from .hook_support import HookSupport, missing_handler
 from .metrics import reply_metrics
 from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
-from .params import check_parameters, non_negative, positive, setting
+from .params import array_names, check_parameters, non_negative, none_if_empty, positive, setting
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
 from .server_round import ClusteredRound
@@ -176,14 +176,17 @@ class IFCA(ClusteredRound):
     head_layers: Sequence[str] | None = setting(
         default=None, help="the cluster-specific arrays (names, or module prefixes such as "
                            "fc2); the others are shared by the k models and averaged over all "
-                           "nodes (None: all cluster-specific, plain IFCA)",
+                           "nodes (None: all cluster-specific, plain IFCA; the run config: "
+                           "comma-separated, '' = all)", key="ifca-head-layers",
+        app_default="", parse=array_names,
         check=lambda v: v is None or (
             not isinstance(v, str) and len(v) > 0 and all(isinstance(h, str) and h for h in v)),
         rule="None or a list of array names")
     loss_key: str | None = setting(
-        default=None, help="the loss metric of plain evaluate replies (None: found by name)",
-        check=lambda v: v is None or (isinstance(v, str) and v != ""),
-        rule="None or a metric name")
+        default=None, help="the loss metric of plain evaluate replies (None, the run "
+        "config's '': found by name)", check=lambda v: v is None or (
+            isinstance(v, str) and v != ""), rule="None or a metric name", key="ifca-loss-key",
+        app_default="", parse=none_if_empty)
 
     def __post_init__(self) -> None:
         super().__post_init__()

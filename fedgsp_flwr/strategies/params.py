@@ -17,6 +17,7 @@ spec disagree.
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import math
 import re
@@ -55,6 +56,11 @@ class Param:
     alias : str | None
         The constructor's keyword where it differs from the attribute ``name`` (a
         declared class: a name its state already uses).
+    parse : Callable[[Any], Any] | None
+        Turns the run config's value (of ``app_default``'s type) into the
+        constructor's, for a parameter that takes an object (a list of names, a loaded
+        file): then ``app_default`` is required and the value is checked when the
+        strategy is built, not when the run config is read.
     """
 
     name: str
@@ -66,6 +72,7 @@ class Param:
     key: str | None = None
     app_default: bool | int | float | str | None = None
     alias: str | None = None
+    parse: Callable[[Any], Any] | None = None
 
     @property
     def keyword(self) -> str:
@@ -73,10 +80,15 @@ class Param:
         return self.alias or self.name
 
     def __post_init__(self) -> None:
-        if type(self.default) not in BASIC_TYPES and self.key is not None:
+        if self.key is not None and type(self.run_default) not in BASIC_TYPES:
             raise TypeError(f"parameter {self.name}: default {self.default!r} is not a "
-                            "bool, int, float or str (a run-config key needs one)")
-        if self.app_default is not None and self.problem(self.app_default):
+                            "bool, int, float or str (a run-config key needs one, or an "
+                            "app_default and a parse)")
+        if (self.parse is None) != (type(self.default) in BASIC_TYPES or self.key is None):
+            raise TypeError(f"parameter {self.name}: a parse is for a run-config key whose "
+                            f"constructor value is an object, not {self.default!r}")
+        if (self.app_default is not None and self.parse is None
+                and self.problem(self.app_default)):
             raise ValueError(f"parameter {self.name}: app_default {self.app_default!r} "
                              f"{self.problem(self.app_default)}")
         if self.choices is not None and self.default not in self.choices:
@@ -92,6 +104,16 @@ class Param:
     def type(self) -> type:
         """The parameter's type: its default's."""
         return type(self.default)
+
+    @property
+    def run_type(self) -> builtins.type:
+        """The run config's type for it: its run default's."""
+        return type(self.run_default)
+
+    def allows_run(self, value: Any) -> bool:
+        """Whether a run-config value (of :attr:`run_type`) is in range; a parsed one is
+        checked when the strategy is built."""
+        return self.parse is not None or self.allows(value)
 
     @property
     def range(self) -> str:
@@ -162,8 +184,8 @@ class Spec:
     def arguments(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Constructor arguments from run-config values (by key; missing keys keep
         their defaults)."""
-        return {p.keyword: options[p.key] for p in self.keyed()
-                if p.key is not None and p.key in options}
+        return {p.keyword: p.parse(options[p.key]) if p.parse else options[p.key]
+                for p in self.keyed() if p.key is not None and p.key in options}
 
 
 T = TypeVar("T")
@@ -171,11 +193,12 @@ T = TypeVar("T")
 
 def setting(*, default: T, help: str, check: Callable[[Any], bool] | None = None,
             rule: str = "", choices: tuple[str, ...] | None = None, key: str | None = None,
-            app_default: bool | float | str | None = None, alias: str | None = None
-            ) -> T:
+            app_default: bool | float | str | None = None, alias: str | None = None,
+            parse: Callable[[Any], Any] | None = None) -> T:
     """A constructor parameter of a :class:`Configured` class, declared in its body
     (the attributes of :class:`Param`; its name is the attribute's)."""
-    return cast(T, Param("", default, help, check, rule, choices, key, app_default, alias))
+    return cast(T, Param("", default, help, check, rule, choices, key, app_default, alias,
+                         parse))
 
 
 @dataclass_transform(kw_only_default=True, field_specifiers=(setting,))
@@ -319,3 +342,13 @@ def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:
     for ok, message in checks:
         if not ok:
             raise ValueError(f"{owner}: {message}")
+
+
+def array_names(text: str) -> list[str] | None:
+    """A run config's comma-separated list of array names (``None``: it names none)."""
+    return [n.strip() for n in text.split(",") if n.strip()] or None
+
+
+def none_if_empty(text: str) -> str | None:
+    """A run config's string, ``None`` for ``""``."""
+    return text or None

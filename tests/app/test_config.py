@@ -103,11 +103,14 @@ def test_default_and_hub_names_pass() -> None:
         RunConfig.from_mapping({"strategy": name})
 
 
-def test_every_strategy_name_has_a_builder() -> None:
+def test_every_strategy_name_builds_its_catalog_class() -> None:
+    from fedgsp_flwr.app.catalog import CATALOG
     from fedgsp_flwr.app.config import STRATEGY_NAMES
-    from fedgsp_flwr.app.registry import STRATEGIES
+    from fedgsp_flwr.app.registry import FIXED, build_strategy
 
-    assert list(STRATEGIES) == list(STRATEGY_NAMES)
+    assert set(FIXED) <= set(CATALOG) and STRATEGY_NAMES == tuple(CATALOG)
+    for name, cls in CATALOG.items():
+        assert type(build_strategy(RunConfig.from_mapping({"strategy": name}))) is cls
 
 
 def test_fedgsp_family_is_built_from_the_run_config() -> None:

@@ -36,7 +36,7 @@ from fedgsp_flwr.strategies import (
 )
 from fedgsp_flwr.strategies.fedprox import PARAMS as FEDPROX_PARAMS
 from fedgsp_flwr.strategies.metrics import aggregate_metrics
-from fedgsp_flwr.strategies.params import Configured, Param, Spec, setting
+from fedgsp_flwr.strategies.params import Configured, Param, Spec, array_names, setting
 from fedgsp_flwr.strategies.sequential import RelayStrategy
 
 SPECCED = {CFL: cfl.PARAMS, Ditto: ditto.PARAMS, HierFL: hierfl.PARAMS, IDA: ida.PARAMS,
@@ -106,6 +106,12 @@ def test_a_spec_refuses_a_default_it_cannot_express() -> None:
         Param("mode", "c", "a mode", choices=("a", "b"))
     with pytest.raises(ValueError, match="declared twice"):
         Spec("X", (Param("a", 1, "a"), Param("a", 2, "a")))
+    with pytest.raises(TypeError, match="a parse is for"):
+        Param("k", 1, "a number", key="k", parse=int)
+    names = Param("layers", None, "arrays", key="layers", app_default="", parse=array_names)
+    assert names.run_type is str and names.allows_run("anything")
+    assert Spec("X", (names,)).arguments({"layers": " fc1, ,fc2"}) == {"layers": ["fc1", "fc2"]}
+    assert Spec("X", (names,)).arguments({"layers": ""}) == {"layers": None}
 
 
 def test_a_declared_constructor_takes_its_parameters_and_its_bases_in_order() -> None:
