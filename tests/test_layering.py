@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from flwr.serverapp.strategy import Strategy
 
-from fedgsp_flwr.strategies.params import Configured
+from fedgsp_flwr.strategies.configured import Configured
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fedgsp_flwr"
 

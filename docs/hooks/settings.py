@@ -1,12 +1,12 @@
 """A griffe extension: the constructor and the docstring of each class whose parameters
-are declared with ``setting()`` (``fedgsp_flwr.strategies.params.Configured``).
+are declared with ``setting()`` (``fedgsp_flwr.strategies.configured.Configured``).
 
 That constructor is generated when the class is created (as a dataclass's is), so
 static analysis does not see it; this gives griffe the signature the class has at run
 time, each parameter with its declared annotation and default, so the API reference
 shows it and checks the class's ``Parameters`` section against it, and the docstring
 the class has at run time, whose ``Parameters`` section is generated from the same
-declarations (:func:`fedgsp_flwr.strategies.params.documented`).
+declarations (:func:`fedgsp_flwr.strategies.configured.documented`).
 """
 
 from __future__ import annotations

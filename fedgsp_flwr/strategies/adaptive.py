@@ -40,9 +40,10 @@ from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
 from ..core.arrays import as_dtype
 from . import saved
+from .configured import Configured
 from .decoding import values
 from .fedavg import FedAvg
-from .params import Configured, positive, setting
+from .params import positive, setting
 
 
 def _eta(default: float) -> float:

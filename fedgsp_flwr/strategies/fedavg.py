@@ -27,14 +27,15 @@ from ..core.arrays import as_dtype
 from ..protocol import ARRAYS, CONFIG, EVALUATE, NUM_EXAMPLES, PARTITION, TRAIN
 from ..threads import ThreadHintGrid, is_simulation, server_work
 from .aggregation import GroupModel, array_bytes, weighted_mean
+from .configured import Configured
+from .declared import load_declared, missing_declared, refuse_missing, save_declared
 from .exchange import Exchange
 from .metrics import MetricsAggregation, aggregate_metrics, metrics_order
 from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
-from .params import Configured, check_parameters, non_negative, positive, setting, unit
+from .params import check_parameters, non_negative, positive, setting, unit
 from .progress import TrainingProgress
 from .replies import filter_replies
 from .rounds import EvaluateFn, TrainResult, run_rounds
-from .saved import load_declared, missing_declared, refuse_missing, save_declared
 from .state import NodeMap, StrategyState
 
 
@@ -282,7 +283,7 @@ class FedAvg(Configured, FlowerFedAvg):
 
     def checkpoint_state(self) -> StrategyState:
         """The state to save after a round: what is known of the nodes, and every
-        attribute the strategy declares :class:`~fedgsp_flwr.strategies.saved.Saved`."""
+        attribute the strategy declares :class:`~fedgsp_flwr.strategies.declared.Saved`."""
         state = StrategyState()
         state.merge("known", self.known.checkpoint_state())
         save_declared(self, state)

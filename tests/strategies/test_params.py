@@ -34,9 +34,10 @@ from fedgsp_flwr.strategies import (
     stocfl,
     twostream,
 )
+from fedgsp_flwr.strategies.configured import Configured
 from fedgsp_flwr.strategies.fedprox import PARAMS as FEDPROX_PARAMS
 from fedgsp_flwr.strategies.metrics import aggregate_metrics
-from fedgsp_flwr.strategies.params import Configured, Param, Spec, array_names, setting
+from fedgsp_flwr.strategies.params import Param, Spec, array_names, setting
 from fedgsp_flwr.strategies.sequential import RelayStrategy
 
 SPECCED = {CFL: cfl.PARAMS, Ditto: ditto.PARAMS, HierFL: hierfl.PARAMS, IDA: ida.PARAMS,
