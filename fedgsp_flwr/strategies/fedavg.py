@@ -1,5 +1,5 @@
-"""FedAvg and FedProx with per-reply validation and a per-round history; the base of
-every strategy of this package.
+"""FedAvg with per-reply validation and a per-round history; the base of every
+strategy of this package.
 
 Shared behaviour lives in objects a strategy holds, not in mixins: the node registry
 (:class:`~fedgsp_flwr.strategies.node_registry.NodeRegistry`, ``self.known``), the reply
@@ -10,7 +10,6 @@ state (:class:`~fedgsp_flwr.strategies.state.StrategyState`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from logging import INFO, WARNING
@@ -30,6 +29,7 @@ from .aggregation import GroupModel, array_bytes, weighted_mean
 from .configured import Configured
 from .declared import load_declared, missing_declared, refuse_missing, save_declared
 from .exchange import Exchange
+from .history import RoundHistory
 from .metrics import MetricsAggregation, aggregate_metrics, metrics_order
 from .node_registry import SAMPLING_FALLBACK, NodeRegistry, PartitionOrderGrid
 from .params import check_parameters, non_negative, positive, setting, unit
@@ -73,8 +73,8 @@ class FedAvg(Configured, FlowerFedAvg):
 
     Attributes
     ----------
-    history : dict[int, dict[str, Any]]
-        Per-round metrics, by round.
+    history : RoundHistory
+        Per-round metrics, by round (a dict).
     known : NodeRegistry
         What the strategy knows of the nodes (partition ids; histograms for the
         strategies that ask for them); it goes into the checkpoint and translates node
@@ -122,15 +122,13 @@ class FedAvg(Configured, FlowerFedAvg):
             self.arrayrecord_key, self.configrecord_key,
             ours_if_none(self.train_metrics_aggr_fn),
             ours_if_none(self.evaluate_metrics_aggr_fn))
-        self.history: dict[int, dict[str, Any]] = {}
+        self.history = RoundHistory()
         self._size_warned = False
         self.take_run_options(self.max_untrained_rounds, self.server_threads,
                               self.query_timeout)
         self.start_timeout = math.inf
         self._sent_arrays: ArrayRecord | None = None
         self._sent_count = 0
-        self._sent_at: dict[str, float] = {}
-        self._messages_of: dict[str, list[Message]] = {}
 
     def start(  # type: ignore[override]  # Flower's parameters, and 1.43's should_stop
         self,
@@ -328,7 +326,7 @@ class FedAvg(Configured, FlowerFedAvg):
         self._sent_count = len(messages)
         self.history.setdefault(server_round, {})["bytes-sent"] = (
             len(messages) * arrays.count_bytes())
-        self._start_clock(TRAIN, messages)
+        self.history.sent(TRAIN, messages)
         return messages
 
     def configure_evaluate(
@@ -339,14 +337,14 @@ class FedAvg(Configured, FlowerFedAvg):
         """
         messages = list(super().configure_evaluate(server_round, arrays, config,
                                                    PartitionOrderGrid(grid, self.known)))
-        self._start_clock(EVALUATE, messages)
+        self.history.sent(EVALUATE, messages)
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the sound training replies only."""
-        self._stop_clock(server_round, TRAIN)
+        self.history.stop_clock(server_round, TRAIN)
         replies = self._screen(TRAIN, replies)
         sound, rejected = filter_replies(
             replies,
@@ -364,7 +362,7 @@ class FedAvg(Configured, FlowerFedAvg):
             contents = [m.content for m in sound]
             arrays = self.combine_models(server_round, contents)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        self._record(server_round, TRAIN, metrics, len(sound), rejected)
+        self.history.record(server_round, TRAIN, metrics, len(sound), rejected)
         self.history[server_round]["bytes-received"] = array_bytes(replies)
         self.history[server_round]["uploads"] = sum(r.has_content() for r in replies)
         self.progress.record(server_round, arrays, len(sound), rejected, self._sent_count)
@@ -387,7 +385,7 @@ class FedAvg(Configured, FlowerFedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Aggregate the sound evaluation replies only."""
-        self._stop_clock(server_round, EVALUATE)
+        self.history.stop_clock(server_round, EVALUATE)
         sound, rejected = filter_replies(
             self._screen(EVALUATE, replies),
             reference=None,
@@ -399,7 +397,7 @@ class FedAvg(Configured, FlowerFedAvg):
         sound.sort(key=lambda m: metrics_order(m.content))
         metrics = (self.evaluate_metrics_aggr_fn([m.content for m in sound],
                                                  self.weighted_by_key) if sound else None)
-        self._record(server_round, EVALUATE, metrics, len(sound), rejected)
+        self.history.record(server_round, EVALUATE, metrics, len(sound), rejected)
         self.evaluated(server_round, sound)
         return metrics
 
@@ -408,47 +406,16 @@ class FedAvg(Configured, FlowerFedAvg):
         several models per round break them down here).
         """
 
-    def _start_clock(self, stage: str, messages: list[Message]) -> None:
-        # Flower skips aggregation when nothing is sent: a clock started then would be
-        # stopped by a later round's replies.
-        if messages:
-            self._sent_at[stage] = time.monotonic()
-            self._messages_of[stage] = messages  # the grid gives them their ids as it pushes
-        else:
-            self._sent_at.pop(stage, None)
-            self._messages_of.pop(stage, None)
-
     def _screen(self, stage: str, replies: Iterable[Message]) -> list[Message]:
         """The replies that answer this stage's messages, each from the node asked and
         once (see :class:`~fedgsp_flwr.strategies.exchange.Exchange`); without the
         messages (a caller that drives the aggregation itself), duplicates only are
         refused.
         """
-        exchange = Exchange(self._messages_of.pop(stage, None), f"aggregate_{stage}")
+        exchange = Exchange(self.history.take_messages(stage), f"aggregate_{stage}")
         for reply in replies:
             exchange.take(reply)
         return [r for r in exchange.result() if r is not None]
-
-    def _stop_clock(self, server_round: int, stage: str) -> None:
-        if (sent_at := self._sent_at.pop(stage, None)) is not None:
-            key = "train-time" if stage == TRAIN else "eval-time"
-            self.history.setdefault(server_round, {})[key] = time.monotonic() - sent_at
-
-    def _record(
-        self,
-        server_round: int,
-        stage: str,
-        metrics: MetricRecord | None,
-        num_sound: int,
-        rejected: dict[int, str],
-    ) -> None:
-        entry = self.history.setdefault(server_round, {})
-        # Train metrics keep their names; evaluation ones are told apart by "eval".
-        prefix = "" if stage == TRAIN else "eval"
-        for key, value in (metrics or {}).items():
-            entry[key if key.startswith(prefix) else f"{prefix}-{key}"] = value
-        entry[f"{prefix or TRAIN}-replies"] = num_sound
-        entry[f"{prefix or TRAIN}-rejected"] = len(rejected)
 
 
 _HERE = "fedgsp_flwr.strategies"

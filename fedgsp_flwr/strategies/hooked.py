@@ -179,7 +179,7 @@ class HookedTrain(ServerSideRound):
         for message, reply in zip(sent, replies, strict=True):
             if reply is not None and message.metadata.message_type == TRAIN:
                 self.complete_reply(message, reply)
-        self._messages_of[TRAIN] = sent  # the messages these replies answer
+        self.history.answered(TRAIN, sent)
         arrays_out, metrics = FedAvg.aggregate_train(
             self, server_round, [r for r in replies if r is not None])
         counts = {
@@ -219,7 +219,7 @@ class HookedTrain(ServerSideRound):
         for message, reply in zip(sent, replies, strict=True):
             if message.metadata.message_type == EVALUATE and reply is not None:
                 self.complete_eval_reply(reply)
-        self._messages_of[EVALUATE] = sent
+        self.history.answered(EVALUATE, sent)
         metrics = self.aggregate_evaluate(server_round, [r for r in replies if r is not None])
         counts = self.eval_counts()
         self.history[server_round].update(counts)

@@ -206,7 +206,7 @@ class ServerSideRound(FedAvg):
         by_group: dict[Group, list[RecordDict]] = {}
         for group, content in ordered:
             by_group.setdefault(group, []).append(content)
-        self._record(server_round, EVALUATE, metrics, len(contents), rejected)
+        self.history.record(server_round, EVALUATE, metrics, len(contents), rejected)
         if started is not None:
             self.history[server_round]["eval-time"] = time.monotonic() - started
         return Evaluation(metrics, {g: dict(self.evaluate_metrics_aggr_fn(
@@ -226,7 +226,7 @@ class ServerSideRound(FedAvg):
             See :class:`~fedgsp_flwr.strategies.progress.TrainingProgress`.
         """
         record = MetricRecord(metrics)
-        self._record(server_round, TRAIN, record, used, rejected)
+        self.history.record(server_round, TRAIN, record, used, rejected)
         self.progress.record(server_round, arrays, used, rejected, expected)
         return (arrays if used else None), record
 

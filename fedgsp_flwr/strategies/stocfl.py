@@ -489,7 +489,7 @@ class StoCFL(ClusteredRound):
                                                                    self.weighted_by_key))
                              for c, contents in by_cluster.items()}
         metrics = MetricRecord(result) if subsets else None
-        self._record(server_round, EVALUATE, metrics, len(subsets.get("", [])),
+        self.history.record(server_round, EVALUATE, metrics, len(subsets.get("", [])),
                      rejected)
         return metrics
 
