@@ -117,5 +117,6 @@ def build_strategy(cfg: RunConfig, run: RunContext | None = None) -> FedAvg:
               if k in takes and not (own_sampling and k == "fraction_train")}
     for spec in class_specs(cls):
         kwargs.update(spec.arguments(cfg.options))
-    fixed = FIXED.get(cfg.strategy)
-    return cls(**kwargs, **(fixed(cfg) if fixed else {}))
+    if (fixed := FIXED.get(cfg.strategy)) is not None:
+        kwargs.update(fixed(cfg))
+    return cls(**kwargs)
