@@ -15,7 +15,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-MODELS = ("auto", "mlp", "mlp-dropout", "cnn", "cnn-leaf", "logistic")
+MODELS = ("auto", "mlp", "mlp-dropout", "cnn", "cnn-leaf", "lenet5", "logistic")
 DROPOUT = 0.2  # mlp-dropout's rate (HierFL's Appendix C names dropout, not its rate)
 
 
@@ -32,7 +32,7 @@ def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
     is_image = len(input_shape) == 3
     if name == "auto":
         return "cnn" if is_image else "logistic"
-    if name.startswith("cnn") and not is_image:
+    if name.startswith(("cnn", "lenet")) and not is_image:
         raise ValueError(f"model '{name}' needs (C, H, W) images, got input shape "
                          f"{input_shape}")
     return name
@@ -75,8 +75,11 @@ def build_model(
         0.2 -> classes: McMahan et al.'s 2NN with dropout, HierFL's MNIST model), ``cnn``
         (two 5x5 conv + max-pool layers, then 512 -> classes, the FedAvg CNN),
         ``cnn-leaf`` (the same with 2048 hidden units: LEAF's FEMNIST CNN, FedGSP's
-        model, 6.6M parameters = the paper's 25.2 MB with 62 classes), ``logistic``
-        (one linear layer), or ``auto``.
+        model, 6.6M parameters = the paper's 25.2 MB with 62 classes), ``lenet5``
+        (LeNet-5 with ReLU and max pooling: 6 and 16 channels of 5x5, then 120 -> 84 ->
+        classes, 62K parameters on 28x28; the small CNN of HierFL's Fashion-MNIST
+        experiment, whose widths the paper lost), ``logistic`` (one linear layer), or
+        ``auto``.
     input_shape : tuple[int, ...]
         Shape of one example: (C, H, W) for images, (D,) for vectors.
     num_classes : int
@@ -108,6 +111,12 @@ def build_model(
         if name == "logistic":
             return nn.Sequential(nn.Flatten(), nn.Linear(flat, num_classes))
         channels, height, width = input_shape
+        if name == "lenet5":  # LeCun et al. 1998, ReLU and max pooling: 6, 16, 120, 84
+            return nn.Sequential(
+                nn.Conv2d(channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                nn.Linear(16 * ((height // 2 - 4) // 2) * ((width // 2 - 4) // 2), 120),
+                nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, num_classes))
         conv_out = 64 * (height // 4) * (width // 4)
         hidden = 2048 if name == "cnn-leaf" else 512
         return nn.Sequential(

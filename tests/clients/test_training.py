@@ -166,7 +166,9 @@ def test_empty_data_is_refused() -> None:
 @pytest.mark.parametrize(
     ("name", "shape", "params"),
     [("mlp", (1, 28, 28), 784 * 2048 + 2048 + 2048 * 10 + 10),
-     ("cnn", (1, 28, 28), None), ("logistic", (60,), 610)],
+     ("cnn", (1, 28, 28), None), ("logistic", (60,), 610),
+     # LeNet-5 on 28x28: conv 1->6 (5x5), conv 6->16 (5x5), 400 -> 120 -> 84 -> 10
+     ("lenet5", (1, 28, 28), 156 + 2416 + 400 * 120 + 120 + 120 * 84 + 84 + 84 * 10 + 10)],
 )
 def test_models_have_the_papers_shapes(name: str, shape: tuple, params: int | None) -> None:
     model = build_model(name, shape, 10, seed=0)
@@ -184,3 +186,5 @@ def test_model_names_resolve_and_fail_clearly() -> None:
         resolve_model_name("resnet", (60,))
     with pytest.raises(ValueError, match="needs \\(C, H, W\\) images"):
         resolve_model_name("cnn", (60,))
+    with pytest.raises(ValueError, match="needs \\(C, H, W\\) images"):
+        resolve_model_name("lenet5", (60,))
