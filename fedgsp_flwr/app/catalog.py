@@ -9,32 +9,15 @@ and, for a strategy that needs more than its declared keys, an entry in the regi
 
 from __future__ import annotations
 
-from ..strategies import (
-    CFL,
-    IDA,
-    IFCA,
-    Ditto,
-    FedAdagrad,
-    FedAdam,
-    FedAvg,
-    FedFusion,
-    FedGSP,
-    FedMMD,
-    FedProx,
-    FedYogi,
-    FeSEM,
-    HierFL,
-    SemiFL,
-    StoCFL,
-)
+from .. import strategies as s
 from ..strategies.params import Spec
 
-CATALOG: dict[str, type[FedAvg]] = {
-    "fedavg": FedAvg, "fedprox": FedProx, "fedgsp": FedGSP, "naivegsp": FedGSP,
-    "naivegsp-icg": FedGSP, "hierfl": HierFL, "stocfl": StoCFL, "fesem": FeSEM,
-    "semifl": SemiFL, "ifca": IFCA, "cfl": CFL, "ditto": Ditto, "fedadagrad": FedAdagrad,
-    "fedadam": FedAdam, "fedyogi": FedYogi, "ida": IDA, "fedmmd": FedMMD,
-    "fedfusion": FedFusion,
+CATALOG: dict[str, type[s.FedAvg]] = {
+    "fedavg": s.FedAvg, "fedprox": s.FedProx, "fedgsp": s.FedGSP, "naivegsp": s.FedGSP,
+    "naivegsp-icg": s.FedGSP, "hierfl": s.HierFL, "stocfl": s.StoCFL, "fesem": s.FeSEM,
+    "semifl": s.SemiFL, "ifca": s.IFCA, "cfl": s.CFL, "ditto": s.Ditto,
+    "fedadagrad": s.FedAdagrad, "fedadam": s.FedAdam, "fedyogi": s.FedYogi, "ida": s.IDA,
+    "fedmmd": s.FedMMD, "fedfusion": s.FedFusion,
 }
 
 
