@@ -437,7 +437,8 @@ def run_baseline(exp: Experiment, root: Path, label: str, seed: int) -> str | No
 
 def divergence_rows(exp: Experiment, root: Path) -> list[dict[str, Any]]:
     """RED and ACS per layer of every complete run's final model against the
-    ``centralized`` run of the same seed (none without a centralized strategy).
+    ``centralized`` run of the same seed (none without a centralized strategy, and none
+    for a run whose folder kept no ``model.npz``).
     """
     rows = []
     for reference in (label for label in exp.strategies if exp.is_centralized(label)):
@@ -446,8 +447,9 @@ def divergence_rows(exp: Experiment, root: Path) -> list[dict[str, Any]]:
                 continue
             ref_path = root / "runs" / run_name(reference, seed) / "model.npz"
             path = root / "runs" / run_name(label, seed) / "model.npz"
-            if not (is_complete(path.parent) and is_complete(ref_path.parent)):
-                continue
+            if not (is_complete(path.parent) and is_complete(ref_path.parent)
+                    and path.exists() and ref_path.exists()):
+                continue  # kept raw runs (docs/results/raw) have no model.npz
             with np.load(path) as model, np.load(ref_path) as ref:
                 for row in layer_divergence(dict(model), dict(ref)):
                     rows.append({"strategy": label, "reference": reference, "seed": seed,

@@ -402,3 +402,22 @@ def test_the_seed_summary_gives_each_runs_first_round_at_the_targets(tmp_path: P
     assert rows["fast", 1]["rounds-to-reference"] is None
     assert (rows["fast", 1]["last10-min"], rows["fast", 1]["last10-max"]) == (0.1, 0.45)
     assert rows["base", 1]["final-acc"] == 0.5
+
+
+def test_divergence_skips_the_runs_that_kept_no_model(tmp_path: Path) -> None:
+    """A summary rebuilt from kept raw runs (no model.npz) has divergence rows only for
+    the runs whose models are there."""
+    import numpy as np
+
+    spec = tmp_path / "e.toml"
+    spec.write_text('name = "e"\nseeds = [0, 1]\n[strategies.base]\nstrategy = "fedavg"\n'
+                    '[strategies.central]\nstrategy = "centralized"\n')
+    exp = simulation.Experiment.load(spec)
+    for label in ("base", "central"):
+        for seed in (0, 1):
+            write_run(tmp_path, label, seed, [0.1, 0.5], None)
+    for label, scale in (("base", 1.0), ("central", 2.0)):  # only seed 1 kept its models
+        np.savez(tmp_path / "runs" / simulation.run_name(label, 1) / "model.npz",
+                 w=np.full(3, scale, dtype=np.float32))
+    rows = simulation.divergence_rows(exp, tmp_path)
+    assert [(r["strategy"], r["seed"], r["layer"]) for r in rows] == [("base", 1, "w")]
