@@ -363,3 +363,48 @@ def nearest_direction(update: np.ndarray, directions: np.ndarray) -> int:
     scale = np.linalg.norm(d, axis=1) * np.linalg.norm(u)
     scores = np.divide(d @ u, scale, out=np.zeros(len(d)), where=scale > 0)
     return int(np.argmax(scores))
+
+
+@dataclass(frozen=True)
+class SplitNode:
+    """A cluster that split: an inner node of CFL's parameter tree.
+
+    Attributes
+    ----------
+    model : dict[str, np.ndarray]
+        The cluster's model when it split (what its members trained from that round).
+    children : tuple[int, int]
+        The tree nodes of its two parts.
+    directions : np.ndarray
+        ``(2, d)`` float32: each part's weighted mean update in that round, which
+        places a client that missed the split
+        (:meth:`~fedgsp_flwr.strategies.cfl.CFL.place`, :func:`nearest_direction`).
+    server_round : int
+        The round of the split.
+    alpha_cross : float
+        The largest cosine similarity between updates of the two parts.
+    gamma : float
+        sqrt((1 - alpha_cross) / 2).
+    sizes : tuple[int, int]
+        The parts' members at the split.
+    """
+
+    model: dict[str, np.ndarray]
+    children: tuple[int, int]
+    directions: np.ndarray
+    server_round: int
+    alpha_cross: float
+    gamma: float
+    sizes: tuple[int, int]
+
+
+def splits_below(splits: Mapping[int, SplitNode], tree_node: int) -> list[int]:
+    """The splits of the parameter tree in the subtree of ``tree_node`` (itself first),
+    breadth first (``splits``: each inner node's split, by tree node)."""
+    out, queue = [], [tree_node]
+    while queue:
+        t = queue.pop(0)
+        if t in splits:
+            out.append(t)
+            queue.extend(splits[t].children)
+    return out

@@ -4,7 +4,8 @@ dtypes, the bytes a round moves, and the models a strategy keeps beside the glob
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import io
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,3 +85,10 @@ class GroupModel:
     nodes: list[int]
     partition_ids: dict[int, int] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """``arrays`` as the bytes of an ``.npz`` file (a results folder's model files)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub wants positional
+    return buffer.getvalue()

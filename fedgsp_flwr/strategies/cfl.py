@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -20,19 +18,21 @@ from flwr.serverapp import Grid
 from ..core.cfl import (
     LINKAGES,
     ClusterStep,
+    SplitNode,
     SplitRule,
     cluster_step,
     flat_update,
     mean_update,
     moved,
     nearest_direction,
+    splits_below,
 )
 from ..core.clustering import agreement_scores
-from ..protocol import PARTITION, SERVER_ROUND
+from ..protocol import SERVER_ROUND
 from . import saved
-from .aggregation import GroupModel, average_arrays
+from .aggregation import GroupModel, average_arrays, npz_bytes
 from .metrics import reply_metrics
-from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
+from .node_registry import node_label
 from .params import non_negative, positive, setting
 from .rounds import TrainResult
 from .server_round import ClusteredRound
@@ -40,38 +40,6 @@ from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, u
 
 ROOT = 0  # the tree node of the first cluster, which holds every client at the start
 Model = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class SplitNode:
-    """A cluster that split: an inner node of CFL's parameter tree.
-
-    Attributes
-    ----------
-    model : Model
-        The cluster's model when it split (what its members trained from that round).
-    children : tuple[int, int]
-        The tree nodes of its two parts.
-    directions : np.ndarray
-        ``(2, d)`` float32: each part's weighted mean update in that round, which
-        places a client that missed the split (:meth:`CFL.place`).
-    server_round : int
-        The round of the split.
-    alpha_cross : float
-        The largest cosine similarity between updates of the two parts.
-    gamma : float
-        sqrt((1 - alpha_cross) / 2).
-    sizes : tuple[int, int]
-        The parts' members at the split.
-    """
-
-    model: Model
-    children: tuple[int, int]
-    directions: np.ndarray
-    server_round: int
-    alpha_cross: float
-    gamma: float
-    sizes: tuple[int, int]
 
 
 def save_splits(splits: dict[int, SplitNode], state: StrategyState, key: str) -> None:
@@ -180,10 +148,6 @@ class CFL(ClusteredRound):
         self.leaf_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self._warned_partial = False
 
-    def registry(self) -> NodeRegistry:
-        """Partition ids only (see :meth:`FedAvg.registry`)."""
-        return NodeRegistry("CFL", self.query_timeout, PARTITION_FALLBACK, asks=PARTITION)
-
     def summary(self) -> None:
         """Log CFL's settings, then FedAvg's."""
         log(INFO, "\t├──> CFL: eps1=%g, eps2=%g, min split size %d, warm-up %d rounds, "
@@ -207,22 +171,12 @@ class CFL(ClusteredRound):
         return self.leaves[tree_node] if tree_node in self.leaves else (
             self.splits[tree_node].model)
 
-    def splits_below(self, tree_node: int) -> list[int]:
-        """The splits in the subtree of ``tree_node`` (itself first), breadth first."""
-        out, queue = [], [tree_node]
-        while queue:
-            t = queue.pop(0)
-            if t in self.splits:
-                out.append(t)
-                queue.extend(self.splits[t].children)
-        return out
-
     def starts(self, node: int) -> list[int]:
         """The tree nodes whose models a sampled node trains this round: its cluster's,
         or, to place it, those of every split below its position.
         """
         position = self.position_of(node)
-        return [position] if position in self.leaves else self.splits_below(position)
+        return [position] if position in self.leaves else splits_below(self.splits, position)
 
     def sizes(self) -> dict[int, int]:
         """Nodes in each cluster (every node placed so far)."""
@@ -435,11 +389,9 @@ class CFL(ClusteredRound):
         }
         files: dict[str, bytes | str] = {"cfl-clusters.json": json.dumps(state, indent=1)}
         if final and self.leaves:
-            buffer = io.BytesIO()
-            np.savez(buffer, **{f"{leaf}/{k}": v  # type: ignore[arg-type]
-                                for leaf, model in sorted(self.leaves.items())
-                                for k, v in model.items()})
-            files["cfl-clusters.npz"] = buffer.getvalue()
+            files["cfl-clusters.npz"] = npz_bytes({
+                f"{leaf}/{k}": v for leaf, model in sorted(self.leaves.items())
+                for k, v in model.items()})
         return files
 
 

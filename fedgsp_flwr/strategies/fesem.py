@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -16,11 +15,11 @@ from flwr.serverapp import Grid
 
 from ..core.clustering import agreement_scores
 from ..core.multicenter import INITS, Layout, em_step, kmeans_centres, least_moved
-from ..protocol import PARTITION, SERVER_ROUND
+from ..protocol import SERVER_ROUND
 from . import saved
-from .aggregation import GroupModel
+from .aggregation import GroupModel, npz_bytes
 from .metrics import reply_metrics
-from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
+from .node_registry import node_label
 from .params import array_names, check_parameters, positive, setting
 from .rounds import TrainResult
 from .server_round import ClusteredRound
@@ -92,10 +91,6 @@ class FeSEM(ClusteredRound):
         self.layers = list(self.layers) if self.layers is not None else None
         self.centre_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by centre
         self.layout: Layout | None = None
-
-    def registry(self) -> NodeRegistry:
-        """Partition ids only (see :meth:`FedAvg.registry`)."""
-        return NodeRegistry("FeSEM", self.query_timeout, PARTITION_FALLBACK, asks=PARTITION)
 
     def summary(self) -> None:
         """Log FeSEM's settings, then FedAvg's."""
@@ -297,10 +292,9 @@ class FeSEM(ClusteredRound):
                                 for n, c in sorted(self.assignment.items())}}
         files: dict[str, bytes | str] = {"centres.json": json.dumps(state, indent=1)}
         if final and self.centres is not None and self.layout is not None:
-            buffer = io.BytesIO()
-            np.savez(buffer, **{f"{c}/{k}": v for c in range(self.k)  # type: ignore[arg-type]
-                                for k, v in self.layout.unstack(self.centres[c]).items()})
-            files["centres.npz"] = buffer.getvalue()
+            files["centres.npz"] = npz_bytes({
+                f"{c}/{k}": v for c in range(self.k)
+                for k, v in self.layout.unstack(self.centres[c]).items()})
         return files
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
@@ -33,18 +32,17 @@ from ..protocol import (
     IFCA_CHOICE,
     IFCA_LOSSES,
     METRICS,
-    PARTITION,
     SERVER_ROUND,
     TRAIN,
     TRAIN_IFCA,
     ifca_model_record,
 )
 from . import saved
-from .aggregation import GroupModel, array_bytes, average_arrays
+from .aggregation import GroupModel, array_bytes, average_arrays, npz_bytes
 from .exchange import collect_reply_list, screen
 from .hook_support import HookSupport, missing_handler
 from .metrics import reply_metrics
-from .node_registry import PARTITION_FALLBACK, NodeRegistry, node_label
+from .node_registry import node_label
 from .params import array_names, check_parameters, non_negative, none_if_empty, positive, setting
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
@@ -197,10 +195,6 @@ class IFCA(ClusteredRound):
         self.hooks = HookSupport("IFCA", {TRAIN_IFCA: FALLBACK})
         self.head: list[str] | None = None
         self.model_metrics: dict[int, dict[str, Any]] = {}  # last evaluation, by model
-
-    def registry(self) -> NodeRegistry:
-        """Partition ids only (see :meth:`FedAvg.registry`)."""
-        return NodeRegistry("IFCA", self.query_timeout, PARTITION_FALLBACK, asks=PARTITION)
 
     def summary(self) -> None:
         """Log IFCA's settings, then FedAvg's."""
@@ -511,11 +505,9 @@ class IFCA(ClusteredRound):
                  "plain": {node_label(n, partitions): why for n, why in self.plain.items()}}
         files: dict[str, bytes | str] = {"ifca.json": json.dumps(state, indent=1)}
         if final and self.models:
-            buffer = io.BytesIO()
-            np.savez(buffer, **{f"{m}/{key}": value  # type: ignore[arg-type]
-                                for m, model in enumerate(self.models)
-                                for key, value in record_arrays(model).items()})
-            files["ifca-models.npz"] = buffer.getvalue()
+            files["ifca-models.npz"] = npz_bytes({
+                f"{m}/{key}": value for m, model in enumerate(self.models)
+                for key, value in record_arrays(model).items()})
         return files
 
 

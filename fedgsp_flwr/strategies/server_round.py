@@ -21,12 +21,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from ..core.sampling import sample_share
-from ..protocol import ARRAYS, CONFIG, EVALUATE, TRAIN
+from ..protocol import ARRAYS, CONFIG, EVALUATE, PARTITION, TRAIN
 from . import saved
 from .aggregation import array_bytes
 from .exchange import Screened, collect_reply_list, screen
 from .fedavg import FedAvg
 from .metrics import metrics_order
+from .node_registry import PARTITION_FALLBACK, NodeRegistry
 from .params import non_negative, positive, setting
 from .replies import reply_problem
 from .rounds import TrainResult, own_rounds_error
@@ -271,3 +272,9 @@ class ClusteredRound(ServerSideRound):
         self.ground_truth = dict(self.ground_truth or {})
         self.rng = np.random.default_rng([self.seed, 0])
         self.eval_rng = np.random.default_rng([self.seed, 1])
+
+    def registry(self) -> NodeRegistry:
+        """Partition ids only, asked of every node (the clusterings and ARI are by
+        partition id; see :meth:`FedAvg.registry`)."""
+        return NodeRegistry(type(self).__name__, self.query_timeout, PARTITION_FALLBACK,
+                            asks=PARTITION)

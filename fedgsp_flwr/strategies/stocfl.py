@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -42,13 +41,14 @@ from ..protocol import (
     TRAIN_BILEVEL,
 )
 from . import saved
-from .aggregation import GroupModel, array_bytes, average_arrays
+from .aggregation import GroupModel, array_bytes, average_arrays, npz_bytes
 from .decoding import values
 from .exchange import collect_reply_list, screen, unreachable
+from .fedavg import FedAvg
 from .hook_support import HookSupport
 from .metrics import renamed, reply_metrics
 from .node_queries import query_partitions
-from .node_registry import node_label
+from .node_registry import NodeRegistry, node_label
 from .params import non_negative, setting
 from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
@@ -171,6 +171,10 @@ class StoCFL(ClusteredRound):
         self.cluster_eval: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self.clustering = SketchClustering(self.tau)
         self._asked: set[int] = set()  # nodes asked for their partition id
+
+    def registry(self) -> NodeRegistry:
+        """FedAvg's: StoCFL learns partition ids itself, with its sketches."""
+        return FedAvg.registry(self)
 
     def summary(self) -> None:
         """Log StoCFL's settings, then FedAvg's."""
@@ -586,9 +590,7 @@ class StoCFL(ClusteredRound):
                                         self.models.items() for k, v in record.items()}),
                 ("sketches.npz", {name(n): s for n, s in self.clustering.sketches.items()}),
             ):
-                buffer = io.BytesIO()
-                np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stub quirk
-                files[filename] = buffer.getvalue()
+                files[filename] = npz_bytes(arrays)
         return files
 
 
