@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 from benchmark_io import emit_json
+from edge_assignment import paper_counts
 
 from fedgsp_flwr.core.edge_assignment import AssignmentProblem, assign, paper_topology
 
@@ -71,10 +72,9 @@ def fig2_instance(num_groups: int, scenario: str, rng: np.random.Generator
 
 def topology_instance(num_users: int, r: int, rng: np.random.Generator
                       ) -> tuple[AssignmentProblem, np.ndarray]:
-    """Users of one class (20 to 100 examples) on the grouped reach topology."""
-    counts = np.zeros((num_users, NUM_CLASSES), dtype=np.int64)
-    counts[np.arange(num_users), np.arange(num_users) % NUM_CLASSES] = rng.integers(
-        20, 101, num_users)
+    """Users of one class (20 to 100 examples, edge_assignment.py's generator) on the
+    grouped reach topology."""
+    counts = paper_counts(num_users, rng)
     reach, original = paper_topology(counts, NUM_EDGES, r, rng, reach_by="group")
     return AssignmentProblem(counts, reach), original
 

@@ -10,6 +10,7 @@ and, for a strategy that needs more than its declared keys, an entry in the regi
 from __future__ import annotations
 
 from .. import strategies as s
+from ..strategies.configured import class_specs
 from ..strategies.params import Spec
 
 CATALOG: dict[str, type[s.FedAvg]] = {
@@ -19,12 +20,6 @@ CATALOG: dict[str, type[s.FedAvg]] = {
     "fedadagrad": s.FedAdagrad, "fedadam": s.FedAdam, "fedyogi": s.FedYogi, "ida": s.IDA,
     "fedmmd": s.FedMMD, "fedfusion": s.FedFusion,
 }
-
-
-def class_specs(cls: type) -> list[Spec]:
-    """The parameter specs of ``cls`` and its bases, bases first."""
-    return [spec for klass in reversed(cls.__mro__)
-            if isinstance(spec := vars(klass).get("spec"), Spec)]
 
 
 def keyed_specs() -> tuple[Spec, ...]:

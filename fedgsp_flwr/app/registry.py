@@ -16,9 +16,10 @@ from typing import Any
 from flwr.app import ArrayRecord
 
 from ..strategies import FedAvg
+from ..strategies.configured import class_specs
 from ..strategies.semifl import CLUSTER_SOURCES, load_cluster_assignment
 from ..strategies.sequential import RelayStrategy
-from .catalog import CATALOG, class_specs
+from .catalog import CATALOG
 from .config import RunConfig
 
 

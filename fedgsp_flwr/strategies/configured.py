@@ -109,8 +109,14 @@ def _entry(param: Param, annotations: Mapping[str, Any]) -> list[str]:
 _SECTION = re.compile(r"^\s*Parameters\n\s*-{3,}$", re.MULTILINE)
 
 
+def class_specs(cls: type) -> list[Spec]:
+    """The parameter specs of ``cls`` and its bases, bases first."""
+    return [spec for klass in reversed(cls.__mro__)
+            if isinstance(spec := vars(klass).get("spec"), Spec)]
+
+
 def _constructor(cls: type[Configured]) -> Callable[..., None]:
-    specs: list[Spec] = [vars(k)["spec"] for k in reversed(cls.__mro__) if "spec" in vars(k)]
+    specs = class_specs(cls)
     params = {p.keyword: p for spec in specs for p in spec.params}
 
     def __init__(self: Configured, **values: Any) -> None:
