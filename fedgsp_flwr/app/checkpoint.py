@@ -317,7 +317,7 @@ class ResumedRounds(Strategy):
                                 evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
                                 name=type(self).__name__, summary=self.summary,
                                 offset=self.offset, should_stop=should_stop)
-        return self.strategy.end_run(result, num_rounds)
+        return self.strategy.progress.finish(result, num_rounds)
 
     def summary(self) -> None:
         """Log the wrapped strategy's summary and where it resumes."""

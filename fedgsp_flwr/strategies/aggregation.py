@@ -57,6 +57,16 @@ def weighted_mean(contents: Sequence[RecordDict], weighted_by_key: str
     return {k: np.asarray(v) for k, v in mean.items()}
 
 
+def mean_in_dtypes(contents: Sequence[RecordDict], weighted_by_key: str) -> ArrayRecord:
+    """:func:`weighted_mean` in the first reply's dtypes. Flower's mean of an integer
+    array (BatchNorm's ``num_batches_tracked``) is float64: sent on as such, every later
+    int64 reply would misfit the model."""
+    dtypes = {k: a.dtype for k, a in next(iter(contents[0].array_records.values())).items()}
+    mean = weighted_mean(contents, weighted_by_key)
+    return ArrayRecord({k: Array(v if str(v.dtype) == dtypes[k] else as_dtype(v, dtypes[k]))
+                        for k, v in mean.items()})
+
+
 def array_bytes(messages: Iterable[Message]) -> int:
     """Bytes of the ArrayRecords the messages carry (error replies carry none)."""
     return sum(record.count_bytes() for m in messages if m.has_content()

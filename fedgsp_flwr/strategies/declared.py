@@ -124,6 +124,37 @@ def refuse_missing(owner: str, missing: Sequence[str]) -> None:
             "is damaged; resume with the strategy that wrote it, or start a new run")
 
 
+def checkpoint(obj: object, parts: Mapping[str, Any]) -> StrategyState:
+    """``obj``'s state: each of ``parts``'s ``checkpoint_state()`` under its name, then
+    every attribute ``obj`` declares :class:`Saved`."""
+    state = StrategyState()
+    for name, part in parts.items():
+        state.merge(name, part.checkpoint_state())
+    save_declared(obj, state)
+    return state
+
+
+def restore(obj: object, parts: Mapping[str, Any], state: StrategyState,
+            nodes: NodeMap) -> None:
+    """Take back :func:`checkpoint`, node ids translated by ``nodes``; a part the state
+    lacks (a checkpoint of an older version) is left as it is.
+
+    Raises
+    ------
+    ValueError
+        If ``state`` lacks a declared attribute of ``obj`` or of a part it holds
+        (another strategy's state): nothing is taken back then.
+    """
+    held = {name: state.part(name) for name in parts}
+    refuse_missing(type(obj).__name__, missing_declared(obj, state) + [
+        f"{name}/{key}" for name, part in held.items() if part.meta
+        for key in missing_declared(parts[name], part)])
+    load_declared(obj, state, nodes)
+    for name, part in held.items():
+        if part.meta:
+            parts[name].restore_state(part, nodes)
+
+
 def load_declared(obj: object, state: StrategyState, nodes: NodeMap) -> None:
     """Take back every declared attribute of ``obj`` from ``state``; an optional one
     the state lacks goes back to its initial value.

@@ -98,6 +98,15 @@ class Exchange:
         """Ids of the messages not answered yet."""
         return [k for k in (self.position or {}) if k not in self.answered]
 
+    @classmethod
+    def answers(cls, messages: Sequence[Message] | None, stage: str,
+                replies: Iterable[Message]) -> list[Message]:
+        """The replies that answer ``messages``, each from the node asked and once."""
+        exchange = cls(messages, stage)
+        for reply in replies:
+            exchange.take(reply)
+        return [r for r in exchange.result() if r is not None]
+
     def result(self) -> list[Message | None]:
         """The answer to each message in order (``None``: none); without known
         messages, the replies in their order. A node that answered twice gets one error

@@ -158,7 +158,7 @@ class FeSEM(ClusteredRound):
         if self.start_model is None:
             self.setup(arrays)
         reachable, sampled = self.sample_train(grid, self.rng)
-        self.warn_unfilled(self.k, "centre", len(reachable), "node", "k (run config fesem-k)",
+        self.warn_size.unfilled(self.k, "centre", len(reachable), "node", "k (run config fesem-k)",
                            label="k=")
         records: dict[int | None, ArrayRecord] = {None: cast(ArrayRecord, self.start_model)}
         plan = [(node, centre) for node in sampled for centre in self.starts(node)]

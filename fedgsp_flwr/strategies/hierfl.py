@@ -221,7 +221,7 @@ class HierFL(ServerSideRound):
         """Run the cloud round's ``tau2`` edge rounds, then average the edges' models."""
         started = time.monotonic()
         users = self.reachable_nodes(grid)
-        self.warn_unfilled(self.num_edges, "edge", len(users), "user",
+        self.warn_size.unfilled(self.num_edges, "edge", len(users), "user",
                            "num_edges (run config hierfl-edges)")
         if set(users) != set(self.edge_of):
             self.reassign(users)

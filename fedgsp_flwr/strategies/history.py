@@ -14,7 +14,13 @@ from ..protocol import TRAIN
 
 class RoundHistory(dict[int, dict[str, Any]]):
     """Per-round metrics, by round (a dict), with the clock and the messages of each
-    stage (``train``, ``evaluate``) between their sending and their aggregation."""
+    stage (``train``, ``evaluate``) between their sending and their aggregation.
+
+    A round records the aggregated client metrics, the replies used and rejected, the
+    model bytes sent and received in training (``bytes-sent``, ``bytes-received``), the
+    models uploaded (``uploads``: replies with content) and the seconds from sending a
+    stage's messages to aggregating their replies (``train-time``, ``eval-time``).
+    """
 
     def __init__(self) -> None:
         super().__init__()

@@ -253,7 +253,7 @@ class IFCA(ClusteredRound):
         if not self.models:
             self.setup(arrays)
         reachable, sampled = self.sample_train(grid, self.rng)
-        self.warn_unfilled(self.k, "model", len(reachable), "node", "k (run config ifca-k)",
+        self.warn_size.unfilled(self.k, "model", len(reachable), "node", "k (run config ifca-k)",
                            label="k=")
         train_config = ConfigRecord({**dict(config), SERVER_ROUND: server_round})
         warmup = self.rounds_run < self.warmup_rounds

@@ -94,3 +94,9 @@ def weighted_means(
 def renamed(metrics: Mapping[str, Any], suffix: str) -> dict[str, Any]:
     """The metrics with ``-<suffix>`` appended to every name (``eval_acc-global``)."""
     return {f"{key}-{suffix}": value for key, value in metrics.items()}
+
+
+def ours_if_none(aggregation: MetricsAggregation | None) -> MetricsAggregation:
+    """``aggregation``, or :func:`aggregate_metrics` for ``None`` (which Flower's
+    constructors pass on for "the default")."""
+    return aggregation or aggregate_metrics

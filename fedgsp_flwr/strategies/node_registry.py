@@ -184,6 +184,21 @@ class NodeRegistry:
         """The nodes in :func:`partition_order`."""
         return partition_order(nodes, self.partition_ids)
 
+    def expect(self, num_classes: int | None, num_partitions: int | None) -> None:
+        """Check replies against ``num_classes`` and ``num_partitions`` (see the class
+        doc) from now on.
+
+        Raises
+        ------
+        ValueError
+            If one is neither ``None`` nor an integer >= 1.
+        """
+        for name, value in (("num_classes", num_classes), ("num_partitions", num_partitions)):
+            if not (value is None or (type(value) is int and value >= 1)):
+                raise ValueError(f"{self.owner}: {name} must be None or an integer >= 1, "
+                                 f"got {value!r}")
+        self.num_classes, self.num_partitions = num_classes, num_partitions
+
     def checkpoint_state(self) -> StrategyState:
         """Everything known of the nodes (see :mod:`fedgsp_flwr.checkpoint`)."""
         state = StrategyState()

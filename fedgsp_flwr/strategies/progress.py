@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from logging import WARNING
+from typing import Any
 
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
+from flwr.serverapp.strategy import Result
 
 from .hook_support import MISSING_HANDLER_TEXT
 
@@ -125,6 +127,21 @@ class TrainingProgress:
             raise self.stalled(f"no round trained in the last {len(self._untrained)} "
                                f"(rounds {self._untrained[0]}-{self._untrained[-1]})")
 
+    def finish(self, result: Result, num_rounds: int) -> Result:
+        """After a run's last round: ``result``, an empty ``result.arrays`` filled with
+        the last model that trained.
+
+        Raises
+        ------
+        TrainingStalled
+            If no round of the run trained.
+        """
+        if num_rounds > 0 and self.trained_rounds == 0:
+            raise self.stalled(f"no round of the run's {num_rounds} trained")
+        if not result.arrays and self.last_trained is not None:
+            result.arrays = self.last_trained  # Flower's Result starts empty
+        return result
+
     def cause(self) -> str:
         """The commonest reasons of the untrained rounds, with their counts."""
         return describe(self._reasons)
@@ -136,3 +153,33 @@ class TrainingProgress:
         return TrainingStalled(
             f"{self.owner}: {what}. The replies said: {self.cause()}. Fix: {fix}.",
             self.last_trained)
+
+
+class SizeWarning:
+    """One WARNING per strategy object that the federation is too small for its
+    settings: what they imply, and the setting to change.
+
+    Parameters
+    ----------
+    owner : str
+        The strategy's name, for messages.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner, self.given = owner, False
+
+    def __call__(self, message: str, *args: Any) -> None:
+        """Log ``message % args`` unless this object already warned."""
+        if not self.given:
+            self.given = True
+            log(WARNING, message, *args)
+
+    def unfilled(self, have: int, group: str, nodes: int, member: str, setting: str,
+                 label: str = "") -> None:
+        """Warn when ``have`` groups (singular ``group``, e.g. ``"centre"``; counted as
+        ``label`` + ``have``: ``"k=5"``) outnumber the ``nodes`` members (singular
+        ``member``) that could fill them."""
+        if 0 < nodes < have:
+            self("%s: %s%d %ss for %d %ss: at least %d %ss get no %s; set %s to at most %d",
+                 self.owner, label, have, group, nodes, member, have - nodes, group, member,
+                 setting, nodes)
