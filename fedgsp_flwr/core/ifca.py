@@ -220,6 +220,6 @@ _MOVED = {
     "LOSSES_METRIC": "fedgsp_flwr.protocol:IFCA_LOSSES",
     "MODEL_PREFIX": "fedgsp_flwr.protocol:IFCA_MODEL_PREFIX",
     "model_record": "fedgsp_flwr.protocol:ifca_model_record",
-    "choice_problem": "fedgsp_flwr.strategies.ifca:choice_problem",
+    "choice_problem": "fedgsp_flwr.strategies.ifca_replies:choice_problem",
 }
 __getattr__ = moved(__name__, _MOVED)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -19,7 +17,6 @@ from ..core.clustering import agreement_scores
 from ..core.ifca import (
     INITS,
     average_by_choice,
-    find_loss_key,
     head_arrays,
     pick_model,
     redraw_like,
@@ -28,7 +25,6 @@ from ..core.ifca import (
 from ..protocol import (
     ARRAYS,
     CONFIG,
-    EVALUATE,
     IFCA_CHOICE,
     IFCA_LOSSES,
     METRICS,
@@ -39,77 +35,16 @@ from ..protocol import (
 )
 from . import saved
 from .aggregation import GroupModel, array_bytes, average_arrays, npz_bytes
-from .exchange import collect_reply_list, screen
+from .exchange import screen
 from .hook_support import HookSupport, missing_handler
+from .ifca_replies import FALLBACK, RoundReplies, choice_problem, plain_choices, plain_losses
 from .metrics import reply_metrics
 from .node_registry import node_label
 from .params import array_names, check_parameters, non_negative, none_if_empty, positive, setting
 from .replies import arrays_problem, error_text, reply_problem
 from .rounds import TrainResult
 from .server_round import ClusteredRound
-from .state import NodeMap, StrategyState, prefixed, record_arrays, to_record, under
-
-FALLBACK = ("each node scores the k models with k plain 'evaluate' messages (on its "
-            "evaluation data, not its training data) and trains the one with the lowest "
-            "loss with a plain 'train' message")
-
-@dataclass
-class RoundReplies:
-    """The usable training replies of a round and why the others were not.
-
-    Attributes
-    ----------
-    updates : dict[int, tuple[int, Message]]
-        (model trained, reply) by node.
-    rejected : dict[int, str]
-        Why each other node's reply was unusable.
-    messages, replies : list
-        Every message sent and reply received (for the byte counts).
-    """
-
-    updates: dict[int, tuple[int, Message]] = field(default_factory=dict)
-    rejected: dict[int, str] = field(default_factory=dict)
-    messages: list[Message] = field(default_factory=list)
-    replies: list[Message] = field(default_factory=list)
-
-    def sent(self, messages: Sequence[Message], replies: Sequence[Message | None]) -> None:
-        """Note messages sent and the replies that came."""
-        self.messages.extend(messages)
-        self.replies.extend(r for r in replies if r is not None)
-
-
-def choice_problem(choice: Any, losses: Any, k: int) -> str | None:
-    """Why a node's reported choice and losses are unusable, or ``None``.
-
-    The choice must be an integer in [0, k); the losses a list of k numbers; the chosen
-    model's loss their minimum (any tie-break is accepted).
-    """
-    if isinstance(choice, bool) or not isinstance(choice, (int, float)) or not (
-            float(choice).is_integer() and 0 <= choice < k):
-        return f"metric '{IFCA_CHOICE}' must be an integer in [0, {k}), got {choice!r}"
-    if not isinstance(losses, list) or len(losses) != k:
-        return f"metric '{IFCA_LOSSES}' must list {k} losses, got {losses!r}"
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in losses):
-        return f"metric '{IFCA_LOSSES}' has non-finite values: {losses!r}"
-    if losses[int(choice)] > min(losses):
-        return (f"model {int(choice)} was chosen with loss {losses[int(choice)]:.6g}, above "
-                f"the minimum {min(losses):.6g}")
-    return None
-
-
-def save_models(models: list[ArrayRecord], state: StrategyState, key: str) -> None:
-    """The k models: their count under ``key``, their array names, their arrays."""
-    state.meta.update({key: len(models), "model-keys": list(models[0].keys()) if models else []})
-    for index, model in enumerate(models):
-        state.arrays.update(prefixed(record_arrays(model), ifca_model_record(index)))
-
-
-def load_models(state: StrategyState, key: str, _: NodeMap, __: object) -> list[ArrayRecord]:
-    """The models :func:`save_models` saved."""
-    names = list(state.meta["model-keys"])
-    return [to_record({name: arrays[name] for name in names})
-            for arrays in (under(state.arrays, ifca_model_record(index))
-                           for index in range(int(state.meta[key])))]
+from .state import NodeMap, StrategyState, record_arrays, to_record
 
 
 class IFCA(ClusteredRound):
@@ -150,7 +85,7 @@ class IFCA(ClusteredRound):
     """
 
     # The state a checkpoint saves (node ids translated on resume):
-    models = saved.Saved("models", list, save_models, load_models)
+    models = saved.record_list("models", ifca_model_record)
     rng = saved.generator("ifca-rng")  # node sampling, warm-up groups
     eval_rng = saved.generator("ifca-eval-rng")
     choice = saved.node_map("choice")  # the last choice
@@ -203,15 +138,11 @@ class IFCA(ClusteredRound):
             else "no shared layers", self.warmup_rounds)
         super().summary()
 
-    # --- checkpoint -------------------------------------------------------------------
-
     def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
         """Take back :meth:`checkpoint_state`, and the shared layers of its models."""
         super().restore_state(state, node_map)
         self.head = (head_arrays(list(self.models[0].keys()), self.head_layers)
                      if self.models else None)
-
-    # --- models -----------------------------------------------------------------------
 
     def setup(self, arrays: ArrayRecord) -> None:
         """Build the k models from the initial model (``redraw``) or the factory."""
@@ -330,8 +261,10 @@ class IFCA(ClusteredRound):
         out.rejected.update(screened.rejected())
         fallback = [n for n in nodes if n in self.plain]
         if fallback:
-            self.plain_training(server_round, grid, self.plain_choices(
-                server_round, grid, fallback, config, out), config, out)
+            choices = plain_choices(server_round, grid, fallback, self.models, config,
+                                    self.reply_timeout, self.known, self.weighted_by_key,
+                                    self.loss_key, out)
+            self.plain_training(server_round, grid, choices, config, out)
         return out
 
     def ifca_reply_problem(self, reply: Message) -> str | None:
@@ -342,50 +275,6 @@ class IFCA(ClusteredRound):
             return problem
         metrics = reply_metrics(reply.content)
         return choice_problem(metrics.get(IFCA_CHOICE), metrics.get(IFCA_LOSSES), self.k)
-
-    def plain_choices(self, server_round: int, grid: Grid, nodes: Sequence[int],
-                      config: ConfigRecord, out: RoundReplies) -> dict[int, int]:
-        """The fallback's choice: each node evaluates the k models (plain ``evaluate``);
-        the lowest loss wins. Nodes without k usable losses go to ``out.rejected``.
-        """
-        messages = [Message(RecordDict({ARRAYS: model, CONFIG: config}),
-                            dst_node_id=node, message_type=EVALUATE)
-                    for node in nodes for model in self.models]
-        replies = collect_reply_list(grid, messages, self.reply_timeout)
-        out.sent(messages, replies)
-        self.known.forget_unanswered(
-            (m.metadata.dst_node_id, r) for m, r in zip(messages, replies, strict=True))
-        choices = {}
-        for i, node in enumerate(nodes):
-            losses, problem = self.plain_losses(replies[i * self.k:(i + 1) * self.k])
-            if losses is None:
-                out.rejected[node] = cast(str, problem)
-                log(WARNING, "IFCA round %d: rejected reply from node %d: %s", server_round,
-                    node, problem)
-            else:
-                choices[node] = pick_model(losses)
-        return choices
-
-    def plain_losses(self, replies: Sequence[Message | None]
-                     ) -> tuple[list[float] | None, str | None]:
-        """The loss of each model from a node's k ``evaluate`` replies, or why not."""
-        losses = []
-        for model, reply in enumerate(replies):
-            problem = ("no reply within the round's timeout" if reply is None else
-                       reply_problem(reply, reference=None,
-                                     weighted_by_key=self.weighted_by_key,
-                                     require_arrays=False))
-            if problem is not None or reply is None:
-                return None, f"evaluation of model {model}: {problem}"
-            metrics = reply_metrics(reply.content)
-            key = find_loss_key(metrics, self.loss_key)
-            if key is None:
-                wanted = (f"'{self.loss_key}'" if self.loss_key else
-                          "one metric named like a loss (pass loss_key=... to name it)")
-                return None, (f"evaluate metrics {sorted(metrics)} have no loss: IFCA's "
-                              f"fallback needs {wanted}")
-            losses.append(float(cast(float, metrics[key])))
-        return losses, None
 
     def plain_training(self, server_round: int, grid: Grid, plan: Mapping[int, int],
                        config: ConfigRecord, out: RoundReplies) -> None:
@@ -459,23 +348,22 @@ class IFCA(ClusteredRound):
         for node, model, reply in screened.sound:
             replies.setdefault(node, []).append((model, reply))
         scored: list[tuple[int, RecordDict]] = []
-        rejected: dict[int, str] = {}
+        out = RoundReplies()
         for node in nodes:
             if node in screened.problems:  # a model it could not score: none
-                rejected[node] = screened.why(node)
+                out.rejected[node] = screened.why(node)
                 continue
             mine = replies[node]
             if len(mine) > 1:  # a node that never chose: the model of lowest loss
-                losses, problem = self.plain_losses([r for _, r in mine])
+                losses, problem = plain_losses([r for _, r in mine], self.weighted_by_key,
+                                               self.loss_key)
                 if losses is None:
-                    rejected[node] = cast(str, problem)
-                    log(WARNING, "IFCA round %d: rejected reply from node %d: %s",
-                        server_round, node, problem)
+                    out.reject(server_round, node, cast(str, problem))
                     continue
                 mine = [mine[pick_model(losses)]]
             scored.append((mine[0][0], mine[0][1].content))
-        inferred = sum(1 for node in nodes if node not in self.choice and node not in rejected)
-        evaluation = self.record_evaluation(server_round, scored, rejected, started, {
+        inferred = sum(1 for n in nodes if n not in self.choice and n not in out.rejected)
+        evaluation = self.record_evaluation(server_round, scored, out.rejected, started, {
             "eval-inferred": inferred, "eval-clients": len(scored)})
         self.model_metrics = evaluation.by_group
         return evaluation.metrics
@@ -487,8 +375,6 @@ class IFCA(ClusteredRound):
             n: self.known.partition_ids[n] for n, c in self.choice.items()
             if c == m and n in self.known.partition_ids}, self.model_metrics.get(m, {}))
             for m, model in enumerate(self.models)}
-
-    # --- results ----------------------------------------------------------------------
 
     def artifacts(self, final: bool) -> dict[str, bytes | str]:
         """Files of the IFCA state for the run's results folder.

@@ -199,3 +199,19 @@ def records(key: str, prefix: str) -> Saved[dict[int, ArrayRecord]]:
             state.arrays.update(prefixed(record_arrays(rec), f"{prefix}-{i}"))
     return Saved(key, dict, save, lambda state, key, _, __: {
         int(i): to_record(under(state.arrays, f"{prefix}-{i}")) for i in state.meta[key]})
+
+
+def record_list(key: str, name: Callable[[int], str]) -> Saved[list[ArrayRecord]]:
+    """ArrayRecords with the same array names, in order: their count in metadata
+    ``key``, the names in ``model-keys``, record ``i``'s arrays as ``<name(i)>/<name>``."""
+    def save(recs: list[ArrayRecord], state: StrategyState, key: str) -> None:
+        state.meta.update({key: len(recs), "model-keys": list(recs[0].keys()) if recs else []})
+        for index, rec in enumerate(recs):
+            state.arrays.update(prefixed(record_arrays(rec), name(index)))
+
+    def load(state: StrategyState, key: str, _: NodeMap, __: object) -> list[ArrayRecord]:
+        names = list(state.meta["model-keys"])
+        return [to_record({n: arrays[n] for n in names})
+                for arrays in (under(state.arrays, name(index))
+                               for index in range(int(state.meta[key])))]
+    return Saved(key, list, save, load)

@@ -20,7 +20,8 @@ from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.clients.ifca import make_ifca_handler
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies import TrainingStalled
-from fedgsp_flwr.strategies.ifca import IFCA, choice_problem
+from fedgsp_flwr.strategies.ifca import IFCA
+from fedgsp_flwr.strategies.ifca_replies import choice_problem
 from fedgsp_flwr.strategies.state import StrategyState
 
 TARGETS = np.array([[0.0, 0.0, 0.0], [20.0, 0.0, 0.0], [0.0, 20.0, 0.0]])
