@@ -15,7 +15,8 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..protocol import ARRAYS, CONFIG, QUERY_SKETCH, SKETCH
+from ..protocol import ARRAYS, CONFIG, EVALUATE, QUERY_SKETCH, SKETCH
+from .exchange import unreachable
 from .hook_support import HookSupport
 from .node_queries import agreed_vectors, reply_vector, vector_problem
 
@@ -97,3 +98,18 @@ def query_sketches(grid: Grid, messages: Sequence[Message], size: int | None,
     out.problems.update(refused)
     out.sketches = {node: vector.astype(np.float32) for node, vector in kept.items()}
     return out
+
+
+def silent_still(grid: Grid, queries: Sequence[Message], hooks: HookSupport,
+                 timeout: float) -> set[int]:
+    """The nodes of ``queries`` (``query.sketch``, one per node that did not answer its
+    last message) that still do not answer; where the ClientApp has no sketch handler
+    each is asked with an ``evaluate`` of the same model, which every ClientApp answers.
+    """
+    if not hooks.has(QUERY_SKETCH):
+        queries = [Message(RecordDict({ARRAYS: m.content[ARRAYS]}),
+                           dst_node_id=m.metadata.dst_node_id, message_type=EVALUATE)
+                   for m in queries]
+    replies = hooks.collect(grid, list(queries), timeout)
+    return {m.metadata.dst_node_id for m, r in zip(queries, replies, strict=True)
+            if unreachable(r)}

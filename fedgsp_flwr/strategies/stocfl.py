@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
@@ -23,21 +24,15 @@ from ..core.clustering import (
 )
 from ..core.sampling import partition_order, sample_share
 from ..protocol import (
-    ARRAYS,
-    CLUSTER,
-    CONFIG,
     EVALUATE,
     GLOBAL,
     LAMBDA,
-    METRICS,
-    QUERY_PARTITION,
     QUERY_SKETCH,
     SERVER_ROUND,
     SKETCH_DIM,
     SKETCH_EPOCHS,
     SKETCH_MODE,
     SKETCH_SEED,
-    TRAIN,
     TRAIN_BILEVEL,
 )
 from . import saved
@@ -46,27 +41,28 @@ from .decoding import values
 from .exchange import collect_reply_list, screen, unreachable
 from .fedavg import FedAvg
 from .hook_support import HookSupport
-from .metrics import renamed, reply_metrics
 from .node_queries import query_partitions
 from .node_registry import NodeRegistry, node_label
 from .params import non_negative, setting
-from .replies import arrays_problem, reply_problem
 from .rounds import TrainResult
 from .server_round import ClusteredRound
-from .sketch_queries import SketchReplies, query_sketches, sketch_length, sketch_messages
+from .sketch_queries import (
+    SketchReplies,
+    query_sketches,
+    silent_still,
+    sketch_length,
+    sketch_messages,
+)
+from .stocfl_replies import (
+    FALLBACKS,
+    OWN,
+    BilevelParts,
+    BilevelScores,
+    bilevel_messages,
+    cluster_state,
+    train_reply_problem,
+)
 
-FALLBACKS = {
-    QUERY_PARTITION: "nodes are sampled in node-id order, so a seed's samples differ from run "
-               "to run (node ids are random)",
-    QUERY_SKETCH: "those nodes stay out of the clustering: they train the global model with "
-            "plain 'train' messages and are scored with it (FedAvg)",
-    TRAIN_BILEVEL: "each clustered node trains its cluster model and the global model with two "
-             "plain 'train' messages (without the cluster model's pull to the global one: "
-             "lambda = 0, plain clustered FL)",
-}
-
-
-OWN = "own"  # an evaluated node's own model (its cluster's, inferred, or w)
 
 class StoCFL(ClusteredRound):
     """StoCFL (Zeng et al.): clusters by sketches, bi-level global and cluster models.
@@ -127,17 +123,15 @@ class StoCFL(ClusteredRound):
     eval_sketches = saved.node_vectors("eval-sketch-nodes", "eval-sketch")  # for inference
 
     tau: float = setting(
-        default=0.5, help="merge threshold on cluster cosine similarity (1: no merging, -1: one"
-                          " cluster)",
-        check=lambda v: -1 <= v <= 1, rule="in [-1, 1]", key="stocfl-tau")
+        default=0.5, help="merge threshold on cluster cosine similarity (1: no merging, -1: "
+        "one cluster)", check=lambda v: -1 <= v <= 1, rule="in [-1, 1]", key="stocfl-tau")
     lambda_: float = setting(
-        default=0.05, help="weight of the proximal term tying each cluster model theta_k to the"
-                           " global model w (0: plain clustered FL)",
-        check=non_negative, rule=">= 0", key="stocfl-lambda")
+        default=0.05, help="weight of the proximal term tying each cluster model theta_k to "
+        "the global model w (0: plain clustered FL)", check=non_negative, rule=">= 0",
+        key="stocfl-lambda")
     sketch: str = setting(
         default="gradient", help="client sketch: gradient (the paper's Psi) or update (the "
-                                 "authors' code: the anchor minus the anchor trained "
-                                 "sketch_epochs local epochs)",
+        "authors' code: the anchor minus the anchor trained sketch_epochs local epochs)",
         choices=SKETCH_MODES, key="stocfl-sketch")
     sketch_dim: int = setting(
         default=0, help="sketch projected on the client to this many numbers (0 = model size)",
@@ -150,15 +144,12 @@ class StoCFL(ClusteredRound):
         rule=">= 0")
     merge_model: str = setting(
         default="larger", help="model of a merged cluster when both clusters' models have "
-                               "trained: the larger cluster's (the older one's on a tie; the "
-                               "authors' unite) or the size-weighted mean; a cluster that never"
-                               " trained never passes its model on over a trained one",
-        choices=MERGE_MODELS,
-        key="stocfl-merge-model")
+        "trained: the larger cluster's (the older one's on a tie; the authors' unite) or the "
+        "size-weighted mean; a cluster that never trained never passes its model on over a "
+        "trained one", choices=MERGE_MODELS, key="stocfl-merge-model")
     holdout_fraction: float = setting(
         default=0.0, help="fraction of the nodes (drawn with the seed when first connected) "
-                          "never sampled for training, scored by read-only inference (the "
-                          "paper's Table 4)",
+        "never sampled for training, scored by read-only inference (the paper's Table 4)",
         check=lambda v: 0 <= v < 1, rule="in [0, 1)", key="stocfl-holdout-fraction")
 
     def __post_init__(self) -> None:
@@ -184,13 +175,9 @@ class StoCFL(ClusteredRound):
             self.holdout_fraction)
         super().summary()
 
-    # --- checkpoint -------------------------------------------------------------------
-
     def node_partitions(self) -> dict[int, int]:
         """The partition ids the nodes reported with their sketches."""
         return {**super().node_partitions(), **self.eval_partitions, **self.partition_ids}
-
-    # --- clustering -------------------------------------------------------------------
 
     def order(self, nodes: Iterable[int]) -> list[int]:
         """The nodes in :func:`~fedgsp_flwr.core.sampling.partition_order`."""
@@ -244,13 +231,8 @@ class StoCFL(ClusteredRound):
         self.suspects &= set(connected)
         probe = self.order(self.suspects)
         if probe:
-            queries = self.sketch_queries(probe)
-            if not self.hooks.has(QUERY_SKETCH):  # every ClientApp answers an evaluation
-                queries = [Message(RecordDict({ARRAYS: m.content[ARRAYS]}),
-                                   dst_node_id=m.metadata.dst_node_id,
-                                   message_type=EVALUATE) for m in queries]
-            replies = self.hooks.collect(grid, queries, self.query_timeout)
-            self.suspects = {n for n, r in zip(probe, replies, strict=True) if unreachable(r)}
+            self.suspects = silent_still(grid, self.sketch_queries(probe), self.hooks,
+                                         self.query_timeout)
             log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
                 len(probe) - len(self.suspects), len(probe), sorted(self.suspects) or "none")
         return [n for n in connected if n not in self.suspects]
@@ -297,8 +279,6 @@ class StoCFL(ClusteredRound):
         metrics.update(agreement_scores(self.clustering.cluster_of, self.partition_ids,
                                         self.ground_truth))
         return metrics
-
-    # --- training ---------------------------------------------------------------------
 
     def learn_partitions(self, grid: Grid, nodes: Sequence[int]) -> None:
         """Ask the nodes not asked yet for their partition id (``query.partition``: no
@@ -353,96 +333,41 @@ class StoCFL(ClusteredRound):
                 grid, [m for _, _, m in redo], self.reply_timeout)
         self.suspects.update(n for (n, _, _), r in zip(plan, replies, strict=True)
                              if unreachable(r))
-        global_parts: list[tuple[ArrayRecord, float]] = []
-        cluster_parts: dict[int, list[tuple[ArrayRecord, float]]] = {}
-        reported: list[RecordDict] = []
-        trained: set[int] = set()
         screened = screen("StoCFL", server_round, [(node, kind) for node, kind, _ in plan],
-                          replies, lambda kind, reply: self.train_reply_problem(
-                              reply, arrays, kind == TRAIN_BILEVEL),
+                          replies, lambda kind, reply: train_reply_problem(
+                              reply, arrays, self.weighted_by_key, kind == TRAIN_BILEVEL),
                           self.known.partition_ids)
-        for node, kind, reply in screened.sound:
-            cluster = self.clustering.cluster_of.get(node)
-            metrics = reply_metrics(reply.content)
-            weight = float(cast(float, metrics[self.weighted_by_key]))
-            records = reply.content.array_records
-            trained.add(node)
-            if kind == TRAIN_BILEVEL:
-                global_parts.append((records[GLOBAL], weight))
-                cluster_parts.setdefault(cast(int, cluster), []).append(
-                    (records[CLUSTER], weight))
-            elif kind == CLUSTER:
-                cluster_parts.setdefault(cast(int, cluster), []).append(
-                    (next(iter(records.values())), weight))
-            else:
-                global_parts.append((next(iter(records.values())), weight))
-                if cluster is not None:  # the global half of two plain trainings
-                    metrics = MetricRecord({k if k == self.weighted_by_key else f"global-{k}": v
-                                            for k, v in metrics.items()})
-            reported.append(RecordDict({METRICS: metrics}))
-        self.trained |= trained
-        for cluster, parts in cluster_parts.items():
-            self.models[cluster] = average_arrays(*zip(*parts, strict=True))
-        new_global = average_arrays(*zip(*global_parts, strict=True)) if global_parts else None
+        parts = BilevelParts.of(screened.sound, self.clustering.cluster_of,
+                                self.weighted_by_key)
+        self.trained |= parts.trained
+        for cluster, trained_parts in parts.cluster_parts.items():
+            self.models[cluster] = average_arrays(*zip(*trained_parts, strict=True))
+        new_global = (average_arrays(*zip(*parts.global_parts, strict=True))
+                      if parts.global_parts else None)
         round_metrics: dict[str, Any] = (dict(self.train_metrics_aggr_fn(
-            reported, self.weighted_by_key)) if reported else {})
+            parts.reported, self.weighted_by_key)) if parts.reported else {})
         round_metrics.update(self.cluster_metrics())
         messages = [m for _, _, m in plan]
         round_metrics.update({
             "merges": len(merges), "sampled": len(sampled),
-            "clusters-trained": len(cluster_parts), "bytes-sent": array_bytes(messages),
+            "clusters-trained": len(parts.cluster_parts), "bytes-sent": array_bytes(messages),
             "bytes-received": array_bytes(r for r in replies if r is not None),
             "train-time": time.monotonic() - started,
         })
         log(INFO, "StoCFL round %d: %d clusters over %d clients (%d merges)%s", server_round,
             round_metrics["num-clusters"], round_metrics["clustered-clients"], len(merges),
             f", ARI {round_metrics['ari']:.3f}" if "ari" in round_metrics else "")
-        rejected = screened.rejected()
-        return self.finish_round(server_round, new_global, round_metrics, len(trained),
-                                 rejected, len(sampled))
+        return self.finish_round(server_round, new_global, round_metrics, len(parts.trained),
+                                 screened.rejected(), len(sampled))
 
     def training_plan(self, node: int, arrays: ArrayRecord,
                       config: ConfigRecord) -> list[tuple[int, str, Message]]:
-        """A sampled node's training messages, as (node, kind, message).
-
-        A plain node: one ``train`` of w (kind ``global``). A clustered node:
-        ``train.bilevel`` with w and theta_k; or, where the ClientApp has no bi-level
-        handler, a ``train`` of theta_k (kind ``cluster``) and a ``train`` of w: a plain
-        train handler has no pull of theta_k to w, so that is StoCFL with lambda = 0.
-        """
-        def message(kind: str, content: RecordDict) -> tuple[int, str, Message]:
-            message_type = TRAIN_BILEVEL if kind == TRAIN_BILEVEL else TRAIN
-            return node, kind, Message(content, dst_node_id=node, message_type=message_type)
-
-        if node in self.plain:
-            return [message(GLOBAL, RecordDict({ARRAYS: arrays, CONFIG: config}))]
-        theta = self.cluster_model(self.clustering.cluster_of[node], arrays)
-        if self.hooks.has(TRAIN_BILEVEL):
-            return [message(TRAIN_BILEVEL, RecordDict({GLOBAL: arrays, CLUSTER: theta,
-                                                 CONFIG: config}))]
-        return [message(CLUSTER, RecordDict({ARRAYS: theta, CONFIG: config})),
-                message(GLOBAL, RecordDict({ARRAYS: arrays, CONFIG: config}))]
-
-    def train_reply_problem(self, reply: Message, sent: ArrayRecord,
-                            bilevel: bool) -> str | None:
-        """Why a training reply must not be aggregated, or ``None``.
-
-        A bi-level reply carries ``global`` and ``cluster`` models shaped like the
-        global model; a plain ``train`` reply one model, whatever its record's name.
-        """
-        problem = reply_problem(reply, reference=sent, weighted_by_key=self.weighted_by_key,
-                                require_arrays=not bilevel)
-        if problem is not None or not bilevel:
-            return problem
-        records = reply.content.array_records
-        if set(records) != {GLOBAL, CLUSTER}:
-            return f"expected ArrayRecords '{GLOBAL}' and '{CLUSTER}', got {sorted(records)}"
-        for key in (GLOBAL, CLUSTER):
-            if (problem := arrays_problem(records[key], sent)) is not None:
-                return f"{key}: {problem}"
-        return None
-
-    # --- evaluation -------------------------------------------------------------------
+        """A sampled node's training messages, as (node, kind, message)
+        (:func:`~fedgsp_flwr.strategies.stocfl_replies.bilevel_messages`): w alone for a
+        plain node, else w and its cluster's theta_k."""
+        theta = (None if node in self.plain
+                 else self.cluster_model(self.clustering.cluster_of[node], arrays))
+        return bilevel_messages(node, arrays, theta, config, self.hooks.has(TRAIN_BILEVEL))
 
     def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                        grid: Grid, timeout: float) -> MetricRecord | None:
@@ -466,37 +391,16 @@ class StoCFL(ClusteredRound):
         screened = self.evaluate_groups(server_round, grid, config, [
             (node, kind, model) for node, own in zip(nodes, models, strict=True)
             for kind, model in ((OWN, own), (GLOBAL, arrays))]).screened
-        scores: dict[int, dict[str, RecordDict]] = {}
-        for node, kind, reply in screened.sound:
-            scores.setdefault(node, {})[kind] = reply.content
-        subsets: dict[str, list[RecordDict]] = {}
-        by_cluster: dict[int, list[RecordDict]] = {}
-        rejected: dict[int, str] = {}
-        for node in nodes:
-            if node in screened.problems:  # both scores or none
-                rejected[node] = screened.why(node)
-                continue
-            own_reply, global_reply = scores[node][OWN], scores[node][GLOBAL]
-            group = "trained" if node in self.trained else "new"
-            for label, content in (("", own_reply), (GLOBAL, global_reply),
-                                   (group, own_reply), (f"global-{group}", global_reply)):
-                subsets.setdefault(label, []).append(content)
-            if (cluster := self.clustering.cluster_of.get(node)) is not None:
-                by_cluster.setdefault(cluster, []).append(own_reply)
-        result: dict[str, Any] = {"eval-placed": inferred}
-        for label, contents in subsets.items():
-            means = self.evaluate_metrics_aggr_fn(contents, self.weighted_by_key)
-            result.update(renamed(means, label) if label else means)
-            if not label.startswith(GLOBAL):
-                result["-".join(filter(None, ("eval", label, "clients")))] = len(contents)
-        self.cluster_eval = {c: dict(self.evaluate_metrics_aggr_fn(contents,
-                                                                   self.weighted_by_key))
-                             for c, contents in by_cluster.items()}
-        metrics = MetricRecord(result) if subsets else None
-        self.history.record(server_round, EVALUATE, metrics, len(subsets.get("", [])),
-                     rejected)
+        scores = BilevelScores.of(nodes, screened, self.trained, self.clustering.cluster_of)
+        aggregate = self.evaluate_metrics_aggr_fn
+        self.cluster_eval = {c: dict(aggregate(contents, self.weighted_by_key))
+                             for c, contents in scores.by_cluster.items()}
+        metrics = (MetricRecord({"eval-placed": inferred,
+                                 **scores.metrics(aggregate, self.weighted_by_key)})
+                   if scores.subsets else None)
+        self.history.record(server_round, EVALUATE, metrics, len(scores.subsets.get("", [])),
+                            scores.rejected)
         return metrics
-
     def eval_models(self, grid: Grid, nodes: Sequence[int], arrays: ArrayRecord
                     ) -> tuple[list[ArrayRecord], int]:
         """The model to score each node with, and how many were chosen by inference.
@@ -557,8 +461,6 @@ class StoCFL(ClusteredRound):
             n: self.partition_ids[n] for n in members if n in self.partition_ids},
             self.cluster_eval.get(c, {})) for c, members in self.clustering.clusters.items()}
 
-    # --- results ----------------------------------------------------------------------
-
     def artifacts(self, final: bool) -> dict[str, bytes | str]:
         """Files of the cluster state for the run's results folder.
 
@@ -570,19 +472,10 @@ class StoCFL(ClusteredRound):
         ``sketches.npz`` (the clustered nodes', by partition id, or node id).
         """
         partitions = {**self.eval_partitions, **self.partition_ids}
-
-        def name(node: int) -> str:
-            return node_label(node, partitions)
-
-        state = {
-            "tau": self.tau, "lambda": self.lambda_,
-            "clusters": {str(c): [name(n) for n in members]
-                         for c, members in self.clustering.clusters.items()},
-            "untrained": [c for c in self.clustering.clusters if c not in self.models],
-            "plain": {name(n): reason for n, reason in self.plain.items()},
-            "held-out": sorted(name(n) for n in self.held_out),
-            "inferred": {name(n): c for n, c in self.inferred_clusters().items()},
-        }
+        name = partial(node_label, partition_ids=partitions)
+        state = cluster_state(name, self.clustering.clusters, self.models, self.plain,
+                              self.held_out, self.inferred_clusters(),
+                              {"tau": self.tau, "lambda": self.lambda_})
         files: dict[str, bytes | str] = {"clusters.json": json.dumps(state, indent=1)}
         if final:
             for filename, arrays in (
