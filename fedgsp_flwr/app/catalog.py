@@ -16,7 +16,7 @@ from ..strategies.params import Spec
 CATALOG: dict[str, type[s.FedAvg]] = {
     "fedavg": s.FedAvg, "fedprox": s.FedProx, "fedgsp": s.FedGSP, "naivegsp": s.FedGSP,
     "naivegsp-icg": s.FedGSP, "hierfl": s.HierFL, "stocfl": s.StoCFL, "fesem": s.FeSEM,
-    "semifl": s.SemiFL, "ifca": s.IFCA, "cfl": s.CFL, "ditto": s.Ditto,
+    "semifl": s.SemiFL, "ifca": s.IFCA, "cfl": s.CFL, "flhc": s.FLHC, "ditto": s.Ditto,
     "fedadagrad": s.FedAdagrad, "fedadam": s.FedAdam, "fedyogi": s.FedYogi, "ida": s.IDA,
     "fedmmd": s.FedMMD, "fedfusion": s.FedFusion,
 }

@@ -25,6 +25,7 @@ from .fedavg import FedAvg
 from .fedgsp import FedGSP
 from .fedprox import FedProx
 from .fesem import FeSEM
+from .flhc import FLHC
 from .hierfl import HierFL
 from .ida import IDA
 from .ifca import IFCA
@@ -39,6 +40,7 @@ from .twostream import FedFusion, FedMMD
 
 __all__ = [
     "CFL",
+    "FLHC",
     "IDA",
     "IFCA",
     "Ditto",

@@ -327,6 +327,7 @@ BUILD: dict[str, Callable[[], Strategy]] = {
     "IFCA": lambda: exported.IFCA(**SERVER_SIDE, seed=0),
     "CFL": lambda: exported.CFL(**SERVER_SIDE, seed=0),
     "FeSEM": lambda: exported.FeSEM(**SERVER_SIDE, seed=0),
+    "FLHC": lambda: exported.FLHC(**SERVER_SIDE, seed=0, warmup_rounds=1),
     "StoCFL": lambda: exported.StoCFL(**SERVER_SIDE, seed=0),
 }
 # Exported, but not run here, and why.
@@ -334,7 +335,7 @@ NOT_RUN = {
     # No round of its own: its train_round is its subclasses' to write (alone it
     # raises NotImplementedError). Every subclass of it (FedMMD,
     # FedFusion, Ditto, FedGSP, SemiFL, RelayStrategy, HierFL, IFCA, CFL, FeSEM,
-    # StoCFL) runs here.
+    # FLHC, StoCFL) runs here.
     "ServerSideRound",
 }
 NAMES = list(BUILD)

@@ -11,6 +11,7 @@ from fedgsp_flwr.app.config import SPECS, ConfigError, RunConfig
 from fedgsp_flwr.app.registry import build_strategy
 from fedgsp_flwr.strategies import (
     CFL,
+    FLHC,
     IDA,
     IFCA,
     Ditto,
@@ -26,6 +27,7 @@ from fedgsp_flwr.strategies import (
     ditto,
     fedgsp,
     fesem,
+    flhc,
     hierfl,
     ida,
     ifca,
@@ -40,7 +42,7 @@ from fedgsp_flwr.strategies.metrics import aggregate_metrics
 from fedgsp_flwr.strategies.params import Param, Spec, array_names, setting
 from fedgsp_flwr.strategies.sequential import RelayStrategy
 
-SPECCED = {CFL: cfl.PARAMS, Ditto: ditto.PARAMS, HierFL: hierfl.PARAMS, IDA: ida.PARAMS,
+SPECCED = {CFL: cfl.PARAMS, FLHC: flhc.PARAMS, Ditto: ditto.PARAMS, HierFL: hierfl.PARAMS, IDA: ida.PARAMS,
            StoCFL: stocfl.PARAMS, FedMMD: twostream.FEDMMD_PARAMS,
            FedFusion: twostream.FEDFUSION_PARAMS, FeSEM: fesem.PARAMS, IFCA: ifca.PARAMS,
            SemiFL: semifl.PARAMS, FedGSP: fedgsp.PARAMS, FedProx: FEDPROX_PARAMS,
