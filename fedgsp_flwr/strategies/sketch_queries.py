@@ -1,4 +1,5 @@
-"""StoCFL's ``query.sketch``: the messages at the anchor, and the checks of the replies.
+"""StoCFL's ``query.sketch``: the messages at the anchor, the checks of the replies, and
+:class:`SketchRegistry`, what StoCFL knows of its nodes from them.
 
 A sketch counts only when it decodes to one finite vector of the expected length with a
 non-zero norm, and its reply's ``partition-id`` claim holds
@@ -8,17 +9,24 @@ non-zero norm, and its reply's ``partition-id`` claim holds
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from ..protocol import ARRAYS, CONFIG, EVALUATE, QUERY_SKETCH, SKETCH
+from ..core.clustering import SketchClustering
+from ..core.sampling import partition_order
+from ..protocol import ARRAYS, CONFIG, EVALUATE, QUERY_SKETCH, SKETCH, SKETCH_DIM
+from . import saved
 from .exchange import unreachable
 from .hook_support import HookSupport
-from .node_queries import agreed_vectors, reply_vector, vector_problem
+from .node_queries import agreed_vectors, query_partitions, reply_vector, vector_problem
+from .node_registry import NodeRegistry
 
 # State-dict entries of a torch model that are buffers, not parameters (no gradient).
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -113,3 +121,138 @@ def silent_still(grid: Grid, queries: Sequence[Message], hooks: HookSupport,
     replies = hooks.collect(grid, list(queries), timeout)
     return {m.metadata.dst_node_id for m, r in zip(queries, replies, strict=True)
             if unreachable(r)}
+
+
+class SketchRegistry:
+    """What StoCFL knows of its nodes from their sketches: the anchor they are taken at,
+    the partition ids they reported, the nodes without a sketch (plain) and those that
+    went silent, and the evaluation's sketches, kept apart for inference only.
+
+    Its attributes go into StoCFL's checkpoint beside StoCFL's own, under the keys its
+    checkpoints always had.
+
+    Parameters
+    ----------
+    hooks : HookSupport
+        StoCFL's: which query types the ClientApp answers.
+    config : ConfigRecord
+        The sketch settings every ``query.sketch`` carries.
+    timeout : float
+        Seconds to wait for the replies to a query.
+    known : NodeRegistry
+        The strategy's registry (its ``num_partitions`` bounds the reported ids).
+    """
+
+    anchor = saved.record("anchor")  # the initial global model: sketches are taken at it
+    plain = saved.node_map("plain")  # node -> why no sketch
+    partition_ids = saved.node_map("partition-ids")
+    suspects = saved.node_set("suspects")  # nodes that did not answer their last message
+    eval_partitions = saved.node_map("eval-partitions", optional=True)  # with an eval sketch
+    eval_sketches = saved.node_vectors("eval-sketch-nodes", "eval-sketch")  # for inference
+
+    def __init__(self, hooks: HookSupport, config: ConfigRecord, timeout: float,
+                 known: NodeRegistry) -> None:
+        self.hooks, self.config, self.timeout, self.known = hooks, config, timeout, known
+        self.train_config = ConfigRecord()  # the last round's: the update sketch trains
+        self._asked: set[int] = set()  # nodes asked for their partition id
+
+    def order(self, nodes: Iterable[int]) -> list[int]:
+        """The nodes in :func:`~fedgsp_flwr.core.sampling.partition_order`."""
+        return partition_order(nodes, self.partition_ids)
+
+    def labels(self) -> dict[int, int]:
+        """Every partition id reported, with a sketch for training or for evaluation."""
+        return {**self.eval_partitions, **self.partition_ids}
+
+    def queries(self, nodes: Sequence[int]) -> list[Message]:
+        """``query.sketch`` messages at the anchor: the sketch settings and the last
+        round's training config."""
+        assert self.anchor is not None
+        return sketch_messages(self.anchor, ConfigRecord(
+            {**dict(self.train_config), **dict(self.config)}), nodes)
+
+    def query(self, grid: Grid, nodes: Sequence[int], dim: int | None) -> SketchReplies:
+        """Ask the nodes for their sketches at the anchor (of length ``dim`` once the
+        clustering has one); change no state."""
+        if not nodes:
+            return SketchReplies()
+        size = sketch_length(self.anchor, cast(int, self.config[SKETCH_DIM]), dim)
+        return query_sketches(grid, self.queries(nodes), size, self.hooks, self.timeout,
+                              {p: n for n, p in self.partition_ids.items()},
+                              self.known.num_partitions)
+
+    def learn_partitions(self, grid: Grid, nodes: Sequence[int]) -> None:
+        """Ask the nodes not asked yet for their partition id (``query.partition``: no
+        data), so that hold-out and samples follow partition ids, the same in every run
+        of a seed, from the first round on. A node asked once is not asked again.
+        """
+        new = [n for n in nodes if n not in self.partition_ids and n not in self._asked]
+        self._asked.update(new)
+        if new:
+            replies = query_partitions(grid, new, self.timeout, self.hooks)
+            self.partition_ids.update(replies.partition_ids)
+
+    def reachable(self, grid: Grid, connected: Sequence[int]) -> list[int]:
+        """The connected nodes less the suspects that still do not answer.
+
+        A node that did not answer its last message (crashed, or its SuperNode went
+        offline) is asked for its sketch anew (:func:`silent_still`) before it is
+        sampled again; it keeps its cluster. Suspects that left the grid are dropped.
+        """
+        self.suspects &= set(connected)
+        probe = self.order(self.suspects)
+        if probe:
+            self.suspects = silent_still(grid, self.queries(probe), self.hooks, self.timeout)
+            log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
+                len(probe) - len(self.suspects), len(probe), sorted(self.suspects) or "none")
+        return [n for n in connected if n not in self.suspects]
+
+    def ask(self, grid: Grid, nodes: Sequence[int], clustering: SketchClustering
+            ) -> dict[int, np.ndarray]:
+        """Ask the nodes neither clustered nor plain yet for their sketches (training);
+        those without a usable sketch become plain nodes."""
+        nodes = [n for n in nodes if n not in clustering.cluster_of and n not in self.plain]
+        replies = self.query(grid, nodes, clustering.dim)
+        self.partition_ids.update(replies.partitions)
+        for node in nodes:  # an evaluation's sketch is never reused for the clustering
+            self.eval_sketches.pop(node, None)
+        for node in replies.partitions:
+            self.eval_partitions.pop(node, None)
+        for node, problem in replies.problems.items():
+            self.plain[node] = problem
+            if self.hooks.has(QUERY_SKETCH):  # else HookSupport warned once for all
+                log(WARNING, "StoCFL: node %d has no sketch (%s); it stays a singleton "
+                    "trained on the global model", node, problem)
+        return replies.sketches
+
+    def fetch_eval(self, grid: Grid, nodes: Sequence[int], dim: int | None) -> None:
+        """Ask the nodes without one in :attr:`eval_sketches` for a sketch and keep it
+        there, for inference only (never in the clustering; a node without a sketch
+        does not become plain).
+
+        Only once training's queries showed that the ClientApp answers ``query.sketch``:
+        an evaluation's probe must not decide which nodes training clusters.
+        """
+        if QUERY_SKETCH not in self.hooks.present:
+            return
+        for node in [n for n in nodes if dim is not None and n in self.eval_sketches
+                     and len(self.eval_sketches[n]) != dim]:
+            del self.eval_sketches[node]  # sent before the clustering had a dimension
+        replies = self.query(grid, [n for n in nodes if n not in self.eval_sketches], dim)
+        self.eval_sketches.update(replies.sketches)
+        self.eval_partitions.update(replies.partitions)
+        for node, problem in replies.problems.items():
+            log(WARNING, "StoCFL evaluation: node %d has no sketch (%s); it is scored with "
+                "the global model", node, problem)
+
+    def inferred(self, clustering: SketchClustering, nodes: Iterable[int] | None = None
+                 ) -> dict[int, int]:
+        """The nearest cluster of each node (default: all) with a sketch in
+        :attr:`eval_sketches`, by the read-only :meth:`SketchClustering.infer_all`."""
+        chosen = self.eval_sketches if nodes is None else nodes
+        usable = {n: self.eval_sketches[n] for n in chosen if n in self.eval_sketches
+                  and len(self.eval_sketches[n]) == clustering.dim}
+        if not usable or not clustering.num_clusters:
+            return {}
+        placements = clustering.infer_all(np.stack(list(usable.values())))
+        return {n: cast(int, p.nearest) for n, p in zip(usable, placements, strict=True)}

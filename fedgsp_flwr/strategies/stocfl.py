@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any, cast
 
 import numpy as np
@@ -27,7 +27,6 @@ from ..protocol import (
     EVALUATE,
     GLOBAL,
     LAMBDA,
-    QUERY_SKETCH,
     SERVER_ROUND,
     SKETCH_DIM,
     SKETCH_EPOCHS,
@@ -37,22 +36,19 @@ from ..protocol import (
 )
 from . import saved
 from .aggregation import GroupModel, array_bytes, average_arrays, npz_bytes
+from .declared import load_declared, missing_declared, refuse_missing, save_declared
 from .decoding import values
 from .exchange import collect_reply_list, screen, unreachable
 from .fedavg import FedAvg
 from .hook_support import HookSupport
-from .node_queries import query_partitions
 from .node_registry import NodeRegistry, node_label
 from .params import non_negative, setting
 from .rounds import TrainResult
 from .server_round import ClusteredRound
 from .sketch_queries import (
-    SketchReplies,
-    query_sketches,
-    silent_still,
-    sketch_length,
-    sketch_messages,
+    SketchRegistry,
 )
+from .state import NodeMap, StrategyState
 from .stocfl_replies import (
     FALLBACKS,
     OWN,
@@ -86,7 +82,7 @@ class StoCFL(ClusteredRound):
     reported). It changes nothing in the clustering, the cluster models or what
     training uses. A node outside the clustering is scored with the model of the
     cluster nearest to its sketch (asked for once, kept apart in
-    :attr:`eval_sketches`), the paper's Sec. 4.4, and with w where there is no
+    ``sketches.eval_sketches``), the paper's Sec. 4.4, and with w where there is no
     trained one; its sketch never enters the clustering, which asks again when the
     node is first sampled for training. Evaluation samples with its own generator, so
     ``fraction_evaluate`` changes neither which nodes train nor the clustering.
@@ -101,26 +97,20 @@ class StoCFL(ClusteredRound):
         The clustering of the nodes sampled for training, with their sketches.
     models : dict[int, ArrayRecord]
         The model theta_k of every cluster that has trained, by cluster id.
-    eval_sketches : dict[int, np.ndarray]
-        Sketches of evaluated nodes outside the clustering, for inference only.
+    sketches : SketchRegistry
+        What the nodes' sketches told: partition ids, plain and silent nodes, the
+        evaluation's sketches (for inference only).
     """
 
     # The state a checkpoint saves (node ids translated on resume):
     rng = saved.generator("stocfl-rng")  # node sampling, hold-out
     eval_rng = saved.generator("stocfl-eval-rng")
     models = saved.records("models", "model")  # theta_k of the clusters that trained
-    anchor = saved.record("anchor")  # the initial global model: sketches are taken at it
-    plain = saved.node_map("plain")  # node -> why no sketch
-    partition_ids = saved.node_map("partition-ids")
     trained = saved.node_set("trained")
     held_out = saved.node_set("held-out")
     _decided = saved.node_set("decided")  # nodes whose hold-out draw is done
-    suspects = saved.node_set("suspects")  # nodes that did not answer their last message
     hooks = saved.learnt("hooks", HookSupport)
-    eval_partitions = saved.node_map(  # with an eval sketch
-        "eval-partitions", optional=True)
     clustering = saved.part("clustering", SketchClustering.state, SketchClustering.from_state)
-    eval_sketches = saved.node_vectors("eval-sketch-nodes", "eval-sketch")  # for inference
 
     tau: float = setting(
         default=0.5, help="merge threshold on cluster cosine similarity (1: no merging, -1: "
@@ -157,11 +147,11 @@ class StoCFL(ClusteredRound):
         self.sketch_config = ConfigRecord({
             SKETCH_MODE: self.sketch, SKETCH_DIM: self.sketch_dim,
             SKETCH_EPOCHS: self.sketch_epochs, SKETCH_SEED: self.sketch_seed})
-        self._train_config = ConfigRecord()  # the last round's, for sketch queries
         self.hooks = HookSupport("StoCFL", FALLBACKS)
+        self.sketches = SketchRegistry(self.hooks, self.sketch_config, self.query_timeout,
+                                       self.known)
         self.cluster_eval: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
         self.clustering = SketchClustering(self.tau)
-        self._asked: set[int] = set()  # nodes asked for their partition id
 
     def registry(self) -> NodeRegistry:
         """FedAvg's: StoCFL learns partition ids itself, with its sketches."""
@@ -177,70 +167,24 @@ class StoCFL(ClusteredRound):
 
     def node_partitions(self) -> dict[int, int]:
         """The partition ids the nodes reported with their sketches."""
-        return {**super().node_partitions(), **self.eval_partitions, **self.partition_ids}
+        return {**super().node_partitions(), **self.sketches.labels()}
 
-    def order(self, nodes: Iterable[int]) -> list[int]:
-        """The nodes in :func:`~fedgsp_flwr.core.sampling.partition_order`."""
-        return partition_order(nodes, self.partition_ids)
+    def checkpoint_state(self) -> StrategyState:
+        """FedAvg's, with the sketch registry's attributes beside StoCFL's."""
+        state = super().checkpoint_state()
+        save_declared(self.sketches, state)
+        return state
 
-    def sketch_queries(self, nodes: Sequence[int]) -> list[Message]:
-        """``query.sketch`` messages at the anchor: the sketch settings and the last
-        round's training config (the ``update`` sketch trains with it).
-        """
-        assert self.anchor is not None
-        return sketch_messages(self.anchor, ConfigRecord(
-            {**dict(self._train_config), **dict(self.sketch_config)}), nodes)
-
-    def query_sketches(self, grid: Grid, nodes: Sequence[int]) -> SketchReplies:
-        """Ask the nodes for their sketches at the anchor; change no state."""
-        if not nodes:
-            return SketchReplies()
-        size = sketch_length(self.anchor, cast(int, self.sketch_config[SKETCH_DIM]),
-                             self.clustering.dim)
-        return query_sketches(grid, self.sketch_queries(nodes), size, self.hooks,
-                              self.query_timeout,
-                              {p: n for n, p in self.partition_ids.items()},
-                              self.known.num_partitions)
-
-    def ask_sketches(self, grid: Grid, nodes: Sequence[int]) -> dict[int, np.ndarray]:
-        """Ask the nodes neither clustered nor plain yet for their sketches at the anchor
-        (training); those without a usable sketch become plain nodes.
-        """
-        nodes = [n for n in nodes if n not in self.clustering.cluster_of and n not in self.plain]
-        replies = self.query_sketches(grid, nodes)
-        self.partition_ids.update(replies.partitions)
-        for node in nodes:  # an evaluation's sketch is never reused for the clustering
-            self.eval_sketches.pop(node, None)
-        for node in replies.partitions:
-            self.eval_partitions.pop(node, None)
-        for node, problem in replies.problems.items():
-            self.plain[node] = problem
-            if self.hooks.has(QUERY_SKETCH):  # else HookSupport warned once for all
-                log(WARNING, "StoCFL: node %d has no sketch (%s); it stays a singleton "
-                    "trained on the global model", node, problem)
-        return replies.sketches
-
-    def reachable(self, grid: Grid, connected: Sequence[int]) -> list[int]:
-        """The connected nodes less the suspects that still do not answer.
-
-        A node that did not answer its last message (crashed, or its SuperNode went
-        offline) is asked for its sketch anew (an ``evaluate`` where the ClientApp has no
-        sketch handler) before it is sampled again; it keeps its cluster. Suspects that
-        left the grid are dropped from the list.
-        """
-        self.suspects &= set(connected)
-        probe = self.order(self.suspects)
-        if probe:
-            self.suspects = silent_still(grid, self.sketch_queries(probe), self.hooks,
-                                         self.query_timeout)
-            log(INFO, "StoCFL: %d of %d silent node(s) answer again; %s sit out",
-                len(probe) - len(self.suspects), len(probe), sorted(self.suspects) or "none")
-        return [n for n in connected if n not in self.suspects]
+    def restore_state(self, state: StrategyState, node_map: NodeMap) -> None:
+        """Take back :meth:`checkpoint_state` (nothing, if it lacks a key of either)."""
+        refuse_missing("StoCFL", missing_declared(self.sketches, state))
+        super().restore_state(state, node_map)
+        load_declared(self.sketches, state, node_map)
 
     def cluster_new(self, grid: Grid, nodes: Sequence[int]) -> list[Merge]:
         """Sketch and cluster the nodes not seen before; merge the cluster models."""
-        sketches = self.ask_sketches(grid, nodes)
-        joining = self.order(sketches)
+        sketches = self.sketches.ask(grid, nodes, self.clustering)
+        joining = self.sketches.order(sketches)
         if not joining:
             return []
         merges = self.clustering.add(joining, np.stack([sketches[n] for n in joining]))
@@ -274,47 +218,35 @@ class StoCFL(ClusteredRound):
         metrics: dict[str, Any] = {
             "num-clusters": len(sizes), "cluster-sizes": sizes,
             "clustered-clients": len(self.clustering.cluster_of),
-            "plain-clients": len(self.plain),
+            "plain-clients": len(self.sketches.plain),
         }
-        metrics.update(agreement_scores(self.clustering.cluster_of, self.partition_ids,
+        metrics.update(agreement_scores(self.clustering.cluster_of, self.sketches.partition_ids,
                                         self.ground_truth))
         return metrics
-
-    def learn_partitions(self, grid: Grid, nodes: Sequence[int]) -> None:
-        """Ask the nodes not asked yet for their partition id (``query.partition``: no
-        data), so that hold-out and samples follow partition ids, the same in every run
-        of a seed, from the first round on. A node asked once is not asked again.
-        """
-        new = [n for n in nodes if n not in self.partition_ids and n not in self._asked]
-        self._asked.update(new)
-        if not new:
-            return
-        replies = query_partitions(grid, new, self.query_timeout, self.hooks)
-        self.partition_ids.update(replies.partition_ids)
 
     def sample_not_held_out(self, connected: Sequence[int]) -> list[int]:
         """Draw the hold-out of newly connected nodes, then sample the training nodes
         (both in partition-id order).
         """
-        fresh = [n for n in self.order(connected) if n not in self._decided]
+        fresh = [n for n in self.sketches.order(connected) if n not in self._decided]
         if fresh and self.holdout_fraction > 0:
             take = round(self.holdout_fraction * len(fresh))
             picked = self.rng.choice(len(fresh), take, replace=False)
             self.held_out.update(fresh[i] for i in picked.tolist())
         self._decided.update(fresh)
-        eligible = self.order(n for n in connected if n not in self.held_out)
+        eligible = self.sketches.order(n for n in connected if n not in self.held_out)
         return sample_share(eligible, self.fraction_train, self.min_train_nodes, self.rng)
 
     def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                     grid: Grid, timeout: float) -> TrainResult:
         """Sketch and cluster new nodes, run the bi-level round, keep its result."""
         started = time.monotonic()
-        if self.anchor is None:
-            self.anchor = arrays
-        self._train_config = config
+        if self.sketches.anchor is None:
+            self.sketches.anchor = arrays
+        self.sketches.train_config = config
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)  # waits for nodes
-        self.learn_partitions(grid, connected)
-        sampled = self.sample_not_held_out(self.reachable(grid, connected))
+        self.sketches.learn_partitions(grid, connected)
+        sampled = self.sample_not_held_out(self.sketches.reachable(grid, connected))
         merges = self.cluster_new(grid, sampled)
         train_config = ConfigRecord(dict(config))
         train_config[SERVER_ROUND] = server_round
@@ -331,7 +263,7 @@ class StoCFL(ClusteredRound):
             plan = [part for part, _ in kept] + redo
             replies = [r for _, r in kept] + collect_reply_list(
                 grid, [m for _, _, m in redo], self.reply_timeout)
-        self.suspects.update(n for (n, _, _), r in zip(plan, replies, strict=True)
+        self.sketches.suspects.update(n for (n, _, _), r in zip(plan, replies, strict=True)
                              if unreachable(r))
         screened = screen("StoCFL", server_round, [(node, kind) for node, kind, _ in plan],
                           replies, lambda kind, reply: train_reply_problem(
@@ -365,7 +297,7 @@ class StoCFL(ClusteredRound):
         """A sampled node's training messages, as (node, kind, message)
         (:func:`~fedgsp_flwr.strategies.stocfl_replies.bilevel_messages`): w alone for a
         plain node, else w and its cluster's theta_k."""
-        theta = (None if node in self.plain
+        theta = (None if node in self.sketches.plain
                  else self.cluster_model(self.clustering.cluster_of[node], arrays))
         return bilevel_messages(node, arrays, theta, config, self.hooks.has(TRAIN_BILEVEL))
 
@@ -384,8 +316,7 @@ class StoCFL(ClusteredRound):
             return None
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)
         nodes = sample_share(partition_order(
-            (n for n in connected if n not in self.suspects),
-            {**self.eval_partitions, **self.partition_ids}),
+            (n for n in connected if n not in self.sketches.suspects), self.sketches.labels()),
             self.fraction_evaluate, self.min_evaluate_nodes, self.eval_rng)
         models, inferred = self.eval_models(grid, nodes, arrays)
         screened = self.evaluate_groups(server_round, grid, config, [
@@ -412,53 +343,20 @@ class StoCFL(ClusteredRound):
         and where that cluster has not trained yet.
         """
         outside = [n for n in nodes if n not in self.clustering.cluster_of
-                   and n not in self.plain]
-        self.fetch_eval_sketches(grid, outside)
-        nearest = self.inferred_clusters(outside)
+                   and n not in self.sketches.plain]
+        self.sketches.fetch_eval(grid, outside, self.clustering.dim)
+        nearest = self.sketches.inferred(self.clustering, outside)
         models = [self.cluster_model(self.clustering.cluster_of.get(n, nearest.get(n)),
                                      arrays) for n in nodes]
         return models, len(nearest)
-
-    def fetch_eval_sketches(self, grid: Grid, nodes: Sequence[int]) -> None:
-        """Ask the nodes without one in :attr:`eval_sketches` for a sketch and keep it
-        there, for inference only (never in the clustering; a node without a sketch
-        does not become plain).
-
-        Only once training's queries showed that the ClientApp answers ``query.sketch``:
-        an evaluation's probe must not decide which nodes training clusters.
-        """
-        if QUERY_SKETCH not in self.hooks.present:
-            return
-        dim = self.clustering.dim
-        for node in [n for n in nodes if dim is not None and n in self.eval_sketches
-                     and len(self.eval_sketches[n]) != dim]:
-            del self.eval_sketches[node]  # sent before the clustering had a dimension
-        replies = self.query_sketches(grid, [n for n in nodes if n not in self.eval_sketches])
-        self.eval_sketches.update(replies.sketches)
-        self.eval_partitions.update(replies.partitions)
-        for node, problem in replies.problems.items():
-            log(WARNING, "StoCFL evaluation: node %d has no sketch (%s); it is scored with "
-                "the global model", node, problem)
-
-    def inferred_clusters(self, nodes: Iterable[int] | None = None) -> dict[int, int]:
-        """The nearest cluster of each node (default: all) with a sketch in
-        :attr:`eval_sketches`, by the read-only :meth:`SketchClustering.infer_all`.
-        """
-        chosen = self.eval_sketches if nodes is None else nodes
-        usable = {n: self.eval_sketches[n] for n in chosen if n in self.eval_sketches
-                  and len(self.eval_sketches[n]) == self.clustering.dim}
-        if not usable or not self.clustering.num_clusters:
-            return {}
-        placements = self.clustering.infer_all(np.stack(list(usable.values())))
-        return {n: cast(int, p.nearest) for n, p in zip(usable, placements, strict=True)}
 
     def group_models(self) -> dict[int, GroupModel]:
         """Each cluster's model theta_k with its members and last evaluation, by cluster
         (the global model for a cluster that has not trained).
         """
         fallback = cast(ArrayRecord, self.progress.last_trained)
-        return {c: GroupModel(self.models.get(c, fallback), self.order(members), {
-            n: self.partition_ids[n] for n in members if n in self.partition_ids},
+        return {c: GroupModel(self.models.get(c, fallback), self.sketches.order(members), {
+            n: self.sketches.partition_ids[n] for n in members if n in self.sketches.partition_ids},
             self.cluster_eval.get(c, {})) for c, members in self.clustering.clusters.items()}
 
     def artifacts(self, final: bool) -> dict[str, bytes | str]:
@@ -471,10 +369,9 @@ class StoCFL(ClusteredRound):
         ``cluster-models.npz`` (arrays ``<cluster>/<name>``, the trained clusters) and
         ``sketches.npz`` (the clustered nodes', by partition id, or node id).
         """
-        partitions = {**self.eval_partitions, **self.partition_ids}
-        name = partial(node_label, partition_ids=partitions)
-        state = cluster_state(name, self.clustering.clusters, self.models, self.plain,
-                              self.held_out, self.inferred_clusters(),
+        name = partial(node_label, partition_ids=self.sketches.labels())
+        state = cluster_state(name, self.clustering.clusters, self.models, self.sketches.plain,
+                              self.held_out, self.sketches.inferred(self.clustering),
                               {"tau": self.tau, "lambda": self.lambda_})
         files: dict[str, bytes | str] = {"clusters.json": json.dumps(state, indent=1)}
         if final:

@@ -411,11 +411,11 @@ def test_a_bad_sketch_makes_the_node_plain_and_is_logged(kind: str,
         return Message(content, reply_to=message)
 
     strategy = StoCFL(seed=0, query_timeout=5)
-    strategy.anchor = REFERENCE
+    strategy.sketches.anchor = REFERENCE
     grid = FakeGrid({1: bilevel_node(1.0), BAD_NODE: sketch_node})
     with flwr_warnings() as lines:
-        sketches = strategy.ask_sketches(grid, [1, BAD_NODE])
-    assert list(sketches) == [1] and BAD_NODE in strategy.plain
+        sketches = strategy.sketches.ask(grid, [1, BAD_NODE], strategy.clustering)
+    assert list(sketches) == [1] and BAD_NODE in strategy.sketches.plain
     assert BAD_NODE not in strategy.clustering.cluster_of
     assert_named_once(lines, BAD_NODE)
 

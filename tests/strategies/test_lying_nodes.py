@@ -663,7 +663,7 @@ def test_a_sketch_of_the_wrong_dimension_is_refused_whatever_comes_first(
     handlers = {BAD: liar("sketch", wrong_length("sketch", lie_dim), claim=claim),
                 **{n: sound_node(PARTITIONS[n]) for n in sound_ids}}
     strategy, lines = stocfl_sketches(sketch_dim, handlers)
-    assert BAD in strategy.plain and BAD not in strategy.clustering.cluster_of
+    assert BAD in strategy.sketches.plain and BAD not in strategy.clustering.cluster_of
     assert sorted(strategy.clustering.cluster_of) == sorted(sound_ids)
     assert strategy.clustering.dim == (sketch_dim or PARAMETERS)
     assert len([line for line in naming(lines, BAD) if "sketch" in line]) == 1, lines

@@ -111,7 +111,7 @@ def test_every_strategy_with_defaults_trains_a_plain_quickstart_app(
     assert last.get("eval-rejected", 0) == 0 and last["eval_acc"] > 0.25
     assert "train_loss" in last and "eval_loss" in last
     if name == "stocfl":
-        assert 0 < last["eval_acc-global"] <= 1 and len(strategy.plain) == NODES
+        assert 0 < last["eval_acc-global"] <= 1 and len(strategy.sketches.plain) == NODES
     if name == "ditto":  # FedAvg without personal models
         assert last["personal-clients"] == 0 and last["plain-clients"] == NODES
         assert last["eval_acc-global"] == last["eval_acc"]
@@ -179,7 +179,7 @@ def test_our_handlers_enable_histogram_grouping_and_sketch_clustering() -> None:
     stocfl = StoCFL(seed=0, tau=0.3)
     grid = grid_of(with_our_handlers)
     run(stocfl, grid)
-    assert not stocfl.plain and stocfl.history[2]["clustered-clients"] == NODES
+    assert not stocfl.sketches.plain and stocfl.history[2]["clustered-clients"] == NODES
     assert {t for _, _, t, _ in grid.pushed} >= {"query.sketch", "train.bilevel"}
     assert "train-loss" in stocfl.history[2] and "global-train-loss" in stocfl.history[2]
 
@@ -350,4 +350,4 @@ def test_stocfl_asks_a_silent_plain_node_back_with_an_evaluation() -> None:
     # evaluated.
     assert to_node_0 == ["query.partition", "query.sketch", "train", "evaluate", "train",
                          "evaluate", "evaluate"]
-    assert 0 not in strategy.suspects and strategy.history[2].get("train-rejected", 0) == 0
+    assert 0 not in strategy.sketches.suspects and strategy.history[2].get("train-rejected", 0) == 0

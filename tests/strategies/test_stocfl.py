@@ -64,7 +64,7 @@ def test_latent_groups_become_clusters_and_are_scored() -> None:
     # nodes never trained) and on the global model.
     assert last["eval-clients"] == 12 and 0 <= last["eval-acc-global"] <= 1
     assert last["eval-placed"] == last["eval-new-clients"] == 12 - len(clustered)
-    assert strategy.inferred_clusters() == {
+    assert strategy.sketches.inferred(strategy.clustering) == {
         n: next(iter(groups[n % 2])) for n in nodes if n not in clustered}
     # Label shifts conflict: one global model cannot fit both groups, cluster models can.
     assert last["eval-acc"] > last["eval-acc-global"] + 0.2
@@ -109,7 +109,7 @@ def test_a_client_without_sketch_handler_trains_the_global_model(
     grid = FakeGrid(apps)
     with caplog.at_level(logging.WARNING):
         result = start(strategy, grid, 2)
-    assert 3 in strategy.plain and 3 not in strategy.clustering.cluster_of
+    assert 3 in strategy.sketches.plain and 3 not in strategy.clustering.cluster_of
     assert "node 3 has no sketch" in caplog.text
     assert strategy.history[2]["plain-clients"] == 1
     assert strategy.history[2]["train-replies"] == 6  # its plain train reply counted
@@ -152,7 +152,7 @@ def test_held_out_clients_are_scored_by_inference_outside_the_clustering() -> No
     trained = [p[1] for p in grid.pushed if p[2].startswith("train")]
     assert not strategy.held_out & set(trained)
     assert not strategy.held_out & set(strategy.clustering.cluster_of)
-    inferred = strategy.inferred_clusters()
+    inferred = strategy.sketches.inferred(strategy.clustering)
     assert set(inferred) == strategy.held_out
     for node in strategy.held_out:  # nearest: the cluster of its latent group
         peers = [n for n in nodes if n % 2 == node % 2 and n not in strategy.held_out]
@@ -174,8 +174,8 @@ def test_held_out_clients_are_scored_by_inference_outside_the_clustering() -> No
     # The evaluation sketches survive a checkpoint (node ids translated).
     resumed = StoCFL(tau=0.5, holdout_fraction=0.25, seed=3)
     resumed.restore_state(strategy.checkpoint_state(), lambda n: n + 100)
-    assert resumed.inferred_clusters() == {n + 100: c for n, c in inferred.items()}
-    assert resumed.eval_partitions == {n + 100: n for n in strategy.held_out}
+    assert resumed.sketches.inferred(resumed.clustering) == {n + 100: c for n, c in inferred.items()}
+    assert resumed.sketches.eval_partitions == {n + 100: n for n in strategy.held_out}
 
 
 def test_hold_out_samples_and_clusters_follow_partition_ids_not_node_ids() -> None:
@@ -187,7 +187,7 @@ def test_hold_out_samples_and_clusters_follow_partition_ids_not_node_ids() -> No
         grid = FakeGrid({node: node_app(node_data, node, model, partition=p)
                          for p, node in enumerate(ids)})
         start(strategy, grid, 3)
-        pid = strategy.partition_ids
+        pid = strategy.sketches.partition_ids
         assert len(pid) == 12  # every node, sampled or not, held out or not
         return ({pid[n]: c for n, c in strategy.clustering.cluster_of.items()},
                 sorted(pid[n] for n in strategy.held_out),
@@ -238,8 +238,8 @@ def test_evaluation_leaves_the_clustering_bit_identical(sketch: str) -> None:
     for round_, metrics in quiet.history.items():
         assert {k: metrics.get(k) for k in keys} == {
             k: loud.history[round_].get(k) for k in keys}, round_
-    assert (loud.trained, loud.plain, loud.partition_ids, loud.held_out) == (
-        quiet.trained, quiet.plain, quiet.partition_ids, quiet.held_out)
+    assert (loud.trained, loud.sketches.plain, loud.sketches.partition_ids, loud.held_out) == (
+        quiet.trained, quiet.sketches.plain, quiet.sketches.partition_ids, quiet.held_out)
     assert loud.models.keys() == quiet.models.keys()
     for cluster, record in quiet.models.items():
         for key, value in record.items():
@@ -270,7 +270,7 @@ def constant(value: float) -> ArrayRecord:
 def test_a_merge_never_keeps_an_untrained_model_over_a_trained_one(merge_model: str) -> None:
     grid = sketch_nodes({0: [1.0, 0.0], 1: [1.0, 0.05], 2: [1.0, 0.1]})
     strategy = StoCFL(tau=0.9, merge_model=merge_model)
-    strategy.anchor = constant(0.0)
+    strategy.sketches.anchor = constant(0.0)
     strategy.cluster_new(grid, [0])
     assert strategy.models == {}  # a new cluster has no model until it trains
     w = constant(5.0)
@@ -288,7 +288,7 @@ def test_merging_two_trained_clusters(merge_model: str, expected: float) -> None
     # cos({0}, {1}) = 0.6 < tau; node 2 joins {0}, whose mean then passes tau with {1}.
     grid = sketch_nodes({0: [1.0, 0.0], 1: [0.6, 0.8], 2: [1.0, 0.3]})
     strategy = StoCFL(tau=0.7, merge_model=merge_model)
-    strategy.anchor = constant(0.0)
+    strategy.sketches.anchor = constant(0.0)
     assert strategy.cluster_new(grid, [0, 1]) == []
     strategy.models = {0: constant(3.0), 1: constant(6.0)}
     merges = strategy.cluster_new(grid, [2])
@@ -409,10 +409,10 @@ def test_a_silent_node_sits_out_until_its_sketch_query_is_answered() -> None:
     start(strategy, grid, 2)
     assert strategy.history[1]["train-rejected"] == 1 and strategy.history[1]["train-replies"] == 5
     assert strategy.history[2]["sampled"] == 5 and strategy.history[2]["train-rejected"] == 0
-    assert strategy.suspects == {4}
+    assert strategy.sketches.suspects == {4}
     alive["node 4"] = True
     start(strategy, grid, 1)
-    assert strategy.history[1]["train-replies"] == 6 and strategy.suspects == set()
+    assert strategy.history[1]["train-replies"] == 6 and strategy.sketches.suspects == set()
     assert strategy.clustering.cluster_of[4] == cluster, "it keeps its cluster"
     sketches = [n for _, n, t, _ in grid.pushed if t == "query.sketch"]
     assert sketches.count(4) == 3, "asked at first, while silent, and on its return"
