@@ -67,7 +67,7 @@ class FLHC(ClusteredRound):
     cluster_of = saved.node_map("cluster-of")  # node -> cluster, from the clustering round
     models = saved.arrays_by_id("cluster-models", "flhc-cluster")  # cluster -> model
     anchor = saved.named_arrays("anchor")  # W of the clustering round (places new nodes)
-    centroids = saved.array("centroids", np.float64)  # each cluster's mean update there
+    centroids = saved.array("centroids", np.float32)  # each cluster's mean update there
     clustered_at = saved.value("clustered-at", int, int)  # the clustering round (0: not yet)
     rounds_run = saved.value("rounds-run", int, int)
 
@@ -176,7 +176,9 @@ class FLHC(ClusteredRound):
             [w for w, label in zip(weights, labels, strict=True) if label == c]))
             for c in range(found.num_clusters)}
         self.cluster_of.update(zip(nodes, labels, strict=True))
-        self.anchor, self.centroids, self.clustered_at = dict(base), found.centroids, server_round
+        # float32 like the models: a checkpoint holds k x d of them every round
+        self.centroids = found.centroids.astype(np.float32)
+        self.anchor, self.clustered_at = dict(base), server_round
         heights = ", ".join(f"{h:.4g}" for h in np.quantile(found.heights, [0, 0.5, 1])
                             ) if len(found.heights) else "none"
         log(INFO, "FL+HC round %d: %d clusters of %d updates (sizes %s); merge heights "
