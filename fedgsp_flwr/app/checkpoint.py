@@ -311,7 +311,7 @@ class ResumedRounds(Strategy):
         should_stop: Callable[[], bool] | None = None,
     ) -> Result:
         """The wrapped strategy's rounds ``offset + 1 ..`` (see :meth:`FedAvg.start`)."""
-        with self.strategy.running(grid, initial_arrays, timeout) as run_grid:
+        with self.strategy.running(grid, initial_arrays, timeout, num_rounds) as run_grid:
             result = run_rounds(self.strategy, run_grid, initial_arrays, num_rounds=num_rounds,
                                 timeout=timeout, train_config=train_config,
                                 evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,

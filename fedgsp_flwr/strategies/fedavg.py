@@ -124,7 +124,7 @@ class FedAvg(Configured, FlowerFedAvg):
             If ``max_untrained_rounds`` rounds in a row, or every round of the run,
             trained nothing; its ``arrays`` is the last model that trained.
         """
-        with self.running(grid, initial_arrays, timeout) as run_grid:
+        with self.running(grid, initial_arrays, timeout, num_rounds) as run_grid:
             result = run_rounds(self, run_grid, initial_arrays, num_rounds=num_rounds,
                                 timeout=timeout, train_config=train_config,
                                 evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
@@ -148,13 +148,14 @@ class FedAvg(Configured, FlowerFedAvg):
                                        grid.send_and_receive(messages, timeout=timeout))
 
     @contextmanager
-    def running(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float) -> Iterator[Grid]:
-        """Around a run's rounds (:meth:`start` uses it; so does a wrapper that runs
-        Flower's loop itself, such as a resumed run's): resets the run's state, runs the
-        rounds with ``server_threads`` BLAS threads and the objects alive before them
-        frozen for the cyclic GC (:func:`~fedgsp_flwr.threads.server_work`), and yields
-        the grid to use (in simulation a :class:`~fedgsp_flwr.threads.ThreadHintGrid`)."""
-        self.progress.reset(initial_arrays)
+    def running(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float,
+                num_rounds: int | None = None) -> Iterator[Grid]:
+        """Around a run of ``num_rounds`` rounds (:meth:`start` uses it, and so does a
+        wrapper that runs Flower's loop itself, such as a resumed run's): resets the run's
+        state, runs the rounds with ``server_threads`` BLAS threads and the objects alive
+        before them frozen for the cyclic GC (:func:`~fedgsp_flwr.threads.server_work`),
+        and yields the grid to use (in simulation a ``ThreadHintGrid``)."""
+        self.progress.reset(initial_arrays, num_rounds)
         self.start_timeout = timeout
         with server_work(grid, self.server_threads):
             yield ThreadHintGrid(grid) if is_simulation(grid) else grid

@@ -94,9 +94,16 @@ class FLHC(ClusteredRound):
         self.cluster_eval: dict[int, dict[str, Any]] = {}  # last evaluation, by cluster
 
     def summary(self) -> None:
-        """Log FL+HC's settings, then FedAvg's."""
+        """Log FL+HC's settings, then FedAvg's; warn when the run ends before its
+        clustering round."""
         log(INFO, "\t├──> FL+HC: %d warm-up round(s), then %s linkage of %s distances up to "
             "%g", self.warmup_rounds, self.linkage, self.metric, self.threshold)
+        rounds = self.progress.rounds_planned
+        if not self.models and rounds is not None and self.rounds_run + rounds <= self.warmup_rounds:
+            log(WARNING, "FL+HC: %d round(s) to run and %d warm-up round(s): the run ends "
+                "before its clustering round, so it is FedAvg; set warmup_rounds (run config "
+                "flhc-warmup-rounds) below %d", rounds, self.warmup_rounds - self.rounds_run,
+                self.rounds_run + rounds)
         super().summary()
 
     def sizes(self) -> dict[int, int]:

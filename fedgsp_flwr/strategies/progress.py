@@ -81,10 +81,11 @@ class TrainingProgress:
         self.trained_rounds = 0
         self._untrained: list[int] = []
         self._reasons: Counter[str] = Counter()
+        self.rounds_planned: int | None = None
 
-    def reset(self, initial: ArrayRecord) -> None:
-        """Start a run from ``initial``."""
-        self.last_trained = initial
+    def reset(self, initial: ArrayRecord, rounds: int | None = None) -> None:
+        """Start a run of ``rounds`` rounds (``None``: not known) from ``initial``."""
+        self.last_trained, self.rounds_planned = initial, rounds
         self.trained_rounds = 0
         self._untrained, self._reasons = [], Counter()
 

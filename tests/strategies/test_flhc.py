@@ -182,6 +182,19 @@ def test_evaluation_scores_each_node_with_its_clusters_model() -> None:
         assert group.metrics["eval-gap"] == pytest.approx(np.mean(gaps), rel=1e-5)
 
 
+def test_a_run_that_ends_before_its_clustering_round_warns(
+        caplog: pytest.LogCaptureFixture) -> None:
+    strategy = flhc(warmup_rounds=3)
+    with caplog.at_level(logging.WARNING):
+        run_rounds(strategy, grid_of(PARTITIONS), initial(), 2)
+        run_rounds(strategy, grid_of(PARTITIONS), initial(), 2)  # rounds 3-4: it clusters
+    warned = [r.getMessage() for r in caplog.records if "clustering round" in r.getMessage()]
+    assert warned == ["FL+HC: 2 round(s) to run and 3 warm-up round(s): the run ends before "
+                      "its clustering round, so it is FedAvg; set warmup_rounds (run config "
+                      "flhc-warmup-rounds) below 2"]
+    assert strategy.history[2]["clustered-at"] == 2
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"metric": "cosine"}, "FLHC: linkage 'ward' needs metric 'euclidean'"),
     ({"threshold": 0.0}, "threshold"), ({"linkage": "median"}, "linkage")])
