@@ -45,9 +45,7 @@ from .node_registry import NodeRegistry, node_label
 from .params import non_negative, setting
 from .rounds import TrainResult
 from .server_round import ClusteredRound
-from .sketch_queries import (
-    SketchRegistry,
-)
+from .sketch_queries import SketchRegistry
 from .state import NodeMap, StrategyState
 from .stocfl_replies import (
     FALLBACKS,
