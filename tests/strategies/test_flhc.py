@@ -189,9 +189,9 @@ def test_a_run_that_ends_before_its_clustering_round_warns(
         run_rounds(strategy, grid_of(PARTITIONS), initial(), 2)
         run_rounds(strategy, grid_of(PARTITIONS), initial(), 2)  # rounds 3-4: it clusters
     warned = [r.getMessage() for r in caplog.records if "clustering round" in r.getMessage()]
-    assert warned == ["FL+HC: 2 round(s) to run and 3 warm-up round(s): the run ends before "
-                      "its clustering round, so it is FedAvg; set warmup_rounds (run config "
-                      "flhc-warmup-rounds) below 2"]
+    assert warned == [("FL+HC: 2 round(s) to run and 3 warm-up round(s): the run ends before "
+                       "its clustering round, so it is FedAvg; set warmup_rounds (run config "
+                       "flhc-warmup-rounds) below 2")]
     assert strategy.history[2]["clustered-at"] == 2
 
 
