@@ -141,19 +141,20 @@ class FLHC(ClusteredRound):
                                                       self.weighted_by_key))
         new_global = None
         if not self.models and trained:
-            models = [record_arrays(next(iter(r.content.array_records.values())))
-                      for _, _, r in trained]
+            models = [next(iter(r.content.array_records.values())) for _, _, r in trained]
             weights = [self.weight(r) for _, _, r in trained]
             if self.rounds_run > self.warmup_rounds:
                 metrics["merge-heights"] = self.cluster(
                     server_round, [n for n, _, _ in trained], models, weights,
                     record_arrays(arrays))
             else:
-                new_global = average_arrays([to_record(m) for m in models], weights)
+                new_global = average_arrays(models, weights)
         elif trained:
             self.train_clusters(trained)
-        placed = sum(self.place(node, reply) for node, key, reply in sound if key == PLACE)
-        metrics.update(self.cluster_metrics(reachable, placed))
+        placing = [(node, reply) for node, key, reply in sound if key == PLACE]
+        for node, reply in placing:
+            self.place(node, reply)
+        metrics.update(self.cluster_metrics(reachable, len(placing)))
         metrics["train-time"] = time.monotonic() - started
         model = new_global if new_global is not None else self.global_model(arrays)
         return self.finish_round(server_round, model if trained else None, metrics,
@@ -171,15 +172,15 @@ class FLHC(ClusteredRound):
         return float(reply_metrics(reply.content)[self.weighted_by_key])  # type: ignore[arg-type]
 
     def cluster(self, server_round: int, nodes: Sequence[int],
-                models: Sequence[dict[str, np.ndarray]], weights: Sequence[float],
+                models: Sequence[ArrayRecord], weights: Sequence[float],
                 base: dict[str, np.ndarray]) -> list[float]:
         """The clustering round: cluster the updates ``models[i] - base``; each cluster's
         model is its members' weighted mean. Returns the merge heights (ascending)."""
-        updates = np.stack([flat_update(m, base) for m in models])
+        updates = np.stack([flat_update(record_arrays(m), base) for m in models])
         found = cluster_updates(updates, weights, self.threshold, self.metric, self.linkage)
         labels = found.labels.tolist()
         self.models = {c: record_arrays(average_arrays(
-            [to_record(m) for m, label in zip(models, labels, strict=True) if label == c],
+            [m for m, label in zip(models, labels, strict=True) if label == c],
             [w for w, label in zip(weights, labels, strict=True) if label == c]))
             for c in range(found.num_clusters)}
         self.cluster_of.update(zip(nodes, labels, strict=True))
@@ -208,13 +209,12 @@ class FLHC(ClusteredRound):
                 [next(iter(r.content.array_records.values())) for r in replies],
                 [self.weight(r) for r in replies]))
 
-    def place(self, node: int, reply: Message) -> bool:
+    def place(self, node: int, reply: Message) -> None:
         """Put a new node in the cluster whose mean update its own is nearest to."""
         assert self.anchor is not None and self.centroids is not None
         fitted = record_arrays(next(iter(reply.content.array_records.values())))
         self.cluster_of[node] = nearest_cluster(flat_update(fitted, self.anchor),
                                                 self.centroids, self.metric)
-        return True
 
     def cluster_metrics(self, reachable: Sequence[int], placed: int) -> dict[str, Any]:
         """Clusters, their sizes, placed and unplaced nodes, ARI/NMI where known."""
