@@ -22,6 +22,7 @@ from fedgsp_flwr.clients import ClientHooks, register_hooks
 from fedgsp_flwr.data import ClientData
 from fedgsp_flwr.strategies import (
     CFL,
+    FLHC,
     IDA,
     IFCA,
     Ditto,
@@ -45,14 +46,14 @@ LR = 0.5
 DEFAULTS: dict[str, Callable[[], Any]] = {
     "fedavg": FedAvg, "fedprox": FedProx, "fedgsp": FedGSP, "semifl": SemiFL,
     "hierfl": HierFL, "stocfl": StoCFL, "fesem": FeSEM, "ifca": IFCA, "cfl": CFL,
-    "ditto": Ditto,
+    "ditto": Ditto, "flhc": FLHC,
 }
 # The hooks each strategy asks for, in order (none for FedAvg and FedProx).
 QUERY = {"fedgsp": ("query.histogram",), "semifl": ("query.histogram",),
          "hierfl": ("query.histogram",), "fesem": ("query.partition",),
          "stocfl": ("query.partition", "query.sketch"),
          "ifca": ("query.partition", "train.ifca"), "cfl": ("query.partition",),
-         "ditto": ("train.ditto",)}
+         "ditto": ("train.ditto",), "flhc": ("query.partition",)}
 # Flower's sampling asks for partition ids (one probe); a plain app keeps Flower's own
 # node-id order, which loses nothing, so an INFO line says so and no warning.
 SAMPLING = ("fedavg", "fedprox", "ditto")
