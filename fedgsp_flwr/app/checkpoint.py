@@ -27,21 +27,16 @@ import hashlib
 import io
 import json
 import random
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from logging import INFO
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.logger import log
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from .. import __version__
 from ..strategies import FedAvg
-from ..strategies.rounds import EvaluateFn, run_rounds
 from ..strategies.state import (
     NodeMap,
     StrategyState,
@@ -284,63 +279,15 @@ def restore_global_rngs(state: Mapping[str, Any]) -> None:
         torch.set_rng_state(torch.from_numpy(np.asarray(state["torch"], dtype=np.uint8)))
 
 
-class ResumedRounds(Strategy):
-    """A strategy whose rounds continue after ``offset`` completed ones.
-
-    Flower's ``Strategy.start`` counts rounds from 1; this wrapper passes round
-    ``offset + r`` to the wrapped strategy, so a resumed run of ``N - offset`` rounds
-    is rounds ``offset + 1 .. N`` of the interrupted one.
-
-    Parameters
-    ----------
-    strategy : FedAvg
-        The strategy (ours), its state restored.
-    offset : int
-        Rounds already completed.
+def ResumedRounds(strategy: FedAvg, offset: int) -> FedAvg:  # was a class
+    """Deprecated (0.7.0; goes in 0.8.0): ``strategy`` with ``resumed_after = offset``,
+    whose :meth:`~fedgsp_flwr.strategies.fedavg.FedAvg.start` runs rounds
+    ``offset + 1 ..``. Its ``configure_*`` and ``aggregate_*`` methods take the round
+    numbers they are given (the class added ``offset`` to them).
     """
-
-    def __init__(self, strategy: FedAvg, offset: int) -> None:
-        if offset < 0:
-            raise ValueError(f"offset must be >= 0, got {offset}")
-        self.strategy, self.offset = strategy, offset
-
-    def start(  # type: ignore[override]  # Flower's parameters, and 1.43's should_stop
-        self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-        timeout: float = 3600, train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None, evaluate_fn: EvaluateFn | None = None,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> Result:
-        """The wrapped strategy's rounds ``offset + 1 ..`` (see :meth:`FedAvg.start`)."""
-        with self.strategy.running(grid, initial_arrays, timeout, num_rounds) as run_grid:
-            result = run_rounds(self.strategy, run_grid, initial_arrays, num_rounds=num_rounds,
-                                timeout=timeout, train_config=train_config,
-                                evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
-                                name=type(self).__name__, summary=self.summary,
-                                offset=self.offset, should_stop=should_stop)
-        return self.strategy.progress.finish(result, num_rounds)
-
-    def summary(self) -> None:
-        """Log the wrapped strategy's summary and where it resumes."""
-        self.strategy.summary()
-        log(INFO, "\t└──> Resumed after round %d", self.offset)
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        """The wrapped strategy's, at round ``offset + server_round``."""
-        return self.strategy.configure_train(self.offset + server_round, arrays, config, grid)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message],
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The wrapped strategy's, at round ``offset + server_round``."""
-        return self.strategy.aggregate_train(self.offset + server_round, replies)
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
-                           config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """The wrapped strategy's, at round ``offset + server_round``."""
-        return self.strategy.configure_evaluate(self.offset + server_round, arrays, config,
-                                                grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message],
-                           ) -> MetricRecord | None:
-        """The wrapped strategy's, at round ``offset + server_round``."""
-        return self.strategy.aggregate_evaluate(self.offset + server_round, replies)
+    warnings.warn("ResumedRounds(strategy, offset) is now strategy.resumed_after = offset "
+                  "(0.7.0); it goes in 0.8.0", DeprecationWarning, stacklevel=2)
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    strategy.resumed_after = offset
+    return strategy

@@ -23,7 +23,7 @@ from typing import Any
 from ..clients.handlers import TrainSettings
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
-from ..strategies.params import Param, non_negative, positive
+from ..strategies.params import Param, Spec, non_negative, positive
 from ..strategies.semifl import CLUSTER_SOURCES
 from .catalog import CATALOG, keyed_specs
 
@@ -33,11 +33,28 @@ STRATEGY_NAMES = tuple(CATALOG)
 
 # The parameter specs that declare run-config keys (fedgsp_flwr.strategies.params), of
 # the strategies' classes and their bases; the app's own keys are RunConfig's fields.
+def spec_keys(specs: tuple[Spec, ...]) -> dict[str, Param]:
+    """The run-config keys the specs declare, each with its parameter.
+
+    A subclass may declare an inherited key again with its own constructor default
+    (FedYogi's server learning rate); what the run config reads of it must be the same.
+
+    Raises
+    ------
+    ValueError
+        Naming a key two declarations read differently.
+    """
+    keys: dict[str, Param] = {}
+    for param in (p for spec in specs for p in spec.keyed()):
+        first = keys.setdefault(str(param.key), param)
+        if first.run_side != param.run_side:
+            raise ValueError(f"run-config key {param.key!r} is declared twice, "
+                             f"differently: {first.run_side} and {param.run_side}")
+    return keys
+
+
 SPECS = keyed_specs()
-SPEC_KEYS: dict[str, Param] = {p.key: p for spec in SPECS for p in spec.keyed()
-                               if p.key is not None}
-if len(SPEC_KEYS) != sum(len(spec.keyed()) for spec in SPECS):
-    raise ImportError("a run-config key is declared by two parameter specs")
+SPEC_KEYS = spec_keys(SPECS)
 
 
 def _spec_defaults() -> dict[str, Any]:
@@ -176,18 +193,6 @@ class RunConfig:
     )
     batch_size: int = _setting(TrainSettings.batch_size, "client mini-batch size", positive,
                                "> 0")
-    fedopt_eta: float = _setting(
-        0.0, "FedAdagrad/FedAdam/FedYogi server learning rate (0 = Flower's default: 0.1, "
-        "FedYogi 0.01)", non_negative, ">= 0")
-    fedopt_tau: float = _setting(
-        1e-3, "FedAdagrad/FedAdam/FedYogi adaptivity tau (Flower's default)", positive,
-        "> 0")
-    fedopt_beta_1: float = _setting(
-        0.9, "FedAdam/FedYogi first-moment decay (Flower's default)",
-        lambda v: 0.0 <= v < 1.0, "in [0, 1)")
-    fedopt_beta_2: float = _setting(
-        0.99, "FedAdam/FedYogi second-moment decay (Flower's default)",
-        lambda v: 0.0 <= v < 1.0, "in [0, 1)")
     fedgsp_num_groups: int = _setting(
         0, "fixed number of groups of naivegsp / naivegsp-icg (0 = fedgsp-growth-beta)",
         non_negative, ">= 0")

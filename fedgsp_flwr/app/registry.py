@@ -58,22 +58,12 @@ def common_kwargs(cfg: RunConfig) -> dict[str, Any]:
 def app_arguments(cfg: RunConfig, run: RunContext) -> dict[str, Any]:
     """What the app gives any strategy whose constructor takes it (by keyword): FedAvg's
     parameters, the run's seed (also the sketches' projection seed), the training
-    timeout, the latent groups and the seeded model factory."""
+    timeout, the latent groups, the seeded model factory and the clients' learning rate
+    (the server optimizers log it)."""
     return {**common_kwargs(cfg), "seed": cfg.seed, "sketch_seed": cfg.seed,
             "train_timeout": cfg.train_timeout, "ground_truth": run.ground_truth,
-            "centre_factory": run.centre_factory, "model_factory": run.centre_factory}
-
-
-def fedopt_kwargs(cfg: RunConfig, moments: bool = False) -> dict[str, Any]:
-    """The server optimizer's settings (FedAdagrad has no moments); ``fedopt-eta`` 0
-    keeps each strategy's own default.
-    """
-    out: dict[str, Any] = {"tau": cfg.fedopt_tau, "eta_l": cfg.lr}
-    if cfg.fedopt_eta:
-        out["eta"] = cfg.fedopt_eta
-    if moments:
-        out.update(beta_1=cfg.fedopt_beta_1, beta_2=cfg.fedopt_beta_2)
-    return out
+            "centre_factory": run.centre_factory, "model_factory": run.centre_factory,
+            "eta_l": cfg.lr}
 
 
 def _fixed_groups(grouping: str) -> Callable[[RunConfig], dict[str, Any]]:
@@ -97,9 +87,6 @@ FIXED: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "naivegsp": _fixed_groups("random"),
     "naivegsp-icg": _fixed_groups("icg"),
     "semifl": _semifl_clusters,
-    "fedadagrad": fedopt_kwargs,
-    "fedadam": lambda cfg: fedopt_kwargs(cfg, moments=True),
-    "fedyogi": lambda cfg: fedopt_kwargs(cfg, moments=True),
 }
 
 

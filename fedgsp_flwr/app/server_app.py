@@ -35,7 +35,6 @@ from .checkpoint import (
     RESUMABLE_CHANGES,
     Checkpoint,
     CheckpointError,
-    ResumedRounds,
     capture_global_rngs,
     config_changes,
     legacy_values,
@@ -392,9 +391,10 @@ def resumable_checkpoint(cfg: RunConfig) -> Checkpoint:
 
 
 def resume(strategy: FedAvg, checkpoint: Checkpoint, grid: Grid, cfg: RunConfig) -> FedAvg:
-    """Restore ``strategy``'s state: nodes that reported a partition id in the
-    interrupted run are found again by asking the connected nodes theirs
-    (``query.partition``: no data is shared).
+    """Restore ``strategy``'s state, to go on after the checkpoint's round
+    (``resumed_after``): nodes that reported a partition id in the interrupted run are
+    found again by asking the connected nodes theirs (``query.partition``: no data is
+    shared).
     """
     current: dict[int, int] = {}
     if checkpoint.partitions:
@@ -402,6 +402,7 @@ def resume(strategy: FedAvg, checkpoint: Checkpoint, grid: Grid, cfg: RunConfig)
         current = query_partitions(grid, nodes, cfg.query_timeout).partition_ids
     try:
         strategy.restore_state(checkpoint.strategy, node_map(checkpoint.partitions, current))
+        strategy.resumed_after = checkpoint.round
     except ValueError as err:  # a state that lacks a declared field
         raise ConfigError(f"resume-from: {err}") from err
     log(INFO, "Resuming after round %d of %d: %d of %d known nodes found again",
@@ -473,7 +474,7 @@ def run(grid: Grid, cfg: RunConfig) -> Path:
     if checkpoint is not None:
         restore_global_rngs(checkpoint.rng)  # last: as they were after round `done`
     try:
-        result = (strategy if not done else ResumedRounds(strategy, done)).start(
+        result = strategy.start(
             grid=grid,
             initial_arrays=initial_arrays,
             num_rounds=cfg.num_server_rounds - done,

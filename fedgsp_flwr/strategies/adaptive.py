@@ -47,7 +47,9 @@ from .params import positive, setting
 
 
 def _eta(default: float) -> float:
-    return setting(default=default, help="server learning rate", check=positive, rule="> 0")
+    return setting(default=default, help="server learning rate (the app's 0: each "
+                   "optimizer's own, 0.1, FedYogi 0.01)", check=positive, rule="> 0",
+                   key="fedopt-eta", app_default=0.0, unset=0.0)
 
 
 def _eta_l(default: float) -> float:
@@ -57,7 +59,8 @@ def _eta_l(default: float) -> float:
 
 def _beta(default: float, moment: str) -> float:
     return setting(default=default, help=f"{moment}-moment decay",
-                   check=lambda v: 0 <= v < 1, rule="in [0, 1)")
+                   check=lambda v: 0 <= v < 1, rule="in [0, 1)",
+                   key=f"fedopt-beta-{1 if moment == 'first' else 2}")
 
 
 class _ServerOptimizer(Configured):
@@ -74,7 +77,7 @@ class _ServerOptimizer(Configured):
     eta: float = _eta(0.1)
     eta_l: float = _eta_l(0.1)
     tau: float = setting(default=1e-3, help="adaptivity (the denominator's floor)",
-                         check=positive, rule="> 0")
+                         check=positive, rule="> 0", key="fedopt-tau")
     beta_1: ClassVar[float] = 0.0  # FedAdagrad: no momentum
     beta_2: ClassVar[float] = 0.0
 

@@ -56,6 +56,8 @@ class FedAvg(Configured, FlowerFedAvg):
         goes into the checkpoint and translates node ids on resume.
     progress : TrainingProgress
         The last model that trained, and the count of rounds without one.
+    resumed_after : int
+        Rounds an interrupted run completed, that :meth:`start` goes on from (resume: 0).
     """
 
     fraction_train: float = setting(default=1.0, help="share of the nodes sampled to train "
@@ -100,7 +102,7 @@ class FedAvg(Configured, FlowerFedAvg):
         self.known = self.registry()
         self.progress = TrainingProgress(type(self).__name__, self.max_untrained_rounds,
                                          self.weighted_by_key)
-        self.start_timeout = float("inf")
+        self.start_timeout, self.resumed_after = float("inf"), 0
         self._sent_arrays: ArrayRecord | None = None  # the last round's, to check replies
         self._sent_count = 0
 
@@ -129,7 +131,7 @@ class FedAvg(Configured, FlowerFedAvg):
                                 timeout=timeout, train_config=train_config,
                                 evaluate_config=evaluate_config, evaluate_fn=evaluate_fn,
                                 name=type(self).__name__, summary=self.summary,
-                                should_stop=should_stop)
+                                offset=self.resumed_after, should_stop=should_stop)
         return self.progress.finish(result, num_rounds)
 
     def train_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -150,11 +152,10 @@ class FedAvg(Configured, FlowerFedAvg):
     @contextmanager
     def running(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float,
                 num_rounds: int | None = None) -> Iterator[Grid]:
-        """Around a run of ``num_rounds`` rounds (:meth:`start` uses it, and so does a
-        wrapper that runs Flower's loop itself, such as a resumed run's): resets the run's
-        state, runs the rounds with ``server_threads`` BLAS threads and the objects alive
-        before them frozen for the cyclic GC (:func:`~fedgsp_flwr.threads.server_work`),
-        and yields the grid to use (in simulation a ``ThreadHintGrid``)."""
+        """Around a run of ``num_rounds`` rounds (:meth:`start`'s, or a caller's loop):
+        resets the run's state, runs the rounds with ``server_threads`` BLAS threads and
+        the objects alive before them frozen for the cyclic GC
+        (:func:`~fedgsp_flwr.threads.server_work`), yields the grid to use."""
         self.progress.reset(initial_arrays, num_rounds)
         self.start_timeout = timeout
         with server_work(grid, self.server_threads):
@@ -186,9 +187,8 @@ class FedAvg(Configured, FlowerFedAvg):
                             absent="Flower's sampling still sends them their messages")
 
     def group_models(self) -> dict[int, GroupModel]:
-        """The models the strategy keeps beside the global one, by id, with their member
-        nodes (clusters, centres, edges, the last round's relay groups); empty for FedAvg
-        and FedProx. Call it after :meth:`start` to save them."""
+        """Models kept beside the global one, by id, with their member nodes (clusters,
+        centres, edges, the last round's relay groups); empty for FedAvg and FedProx."""
         return {}
 
     def checkpoint_state(self) -> StrategyState:
@@ -293,8 +293,8 @@ class FedAvg(Configured, FlowerFedAvg):
         return answers, sound, rejected
 
 
-_HERE = "fedgsp_flwr.strategies"
-_MOVED = {"ServerSideRound": f"{_HERE}.server_round:ServerSideRound",
-          "FedProx": f"{_HERE}.fedprox:FedProx", "FEDPROX_PARAMS": f"{_HERE}.fedprox:PARAMS",
-          "average_arrays": f"{_HERE}.aggregation:average_arrays"}
+_MOVED = {"FEDPROX_PARAMS": f"{__package__}.fedprox:PARAMS", **{
+    name: f"{__package__}.{where}:{name}" for name, where in [
+        ("ServerSideRound", "server_round"), ("FedProx", "fedprox"), ("average_arrays",
+         "aggregation"), ("weighted_mean", "aggregation"), ("check_parameters", "params")]}}
 __getattr__ = moved(__name__, _MOVED)

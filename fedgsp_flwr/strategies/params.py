@@ -56,6 +56,9 @@ class Param:
         constructor's, for a parameter that takes an object (a list of names, a loaded
         file): then ``app_default`` is required and the value is checked when the
         strategy is built, not when the run config is read.
+    unset : bool | int | float | str | None
+        The run-config value that passes nothing, so that the class built keeps its own
+        default (``fedopt-eta`` 0: FedAdam's 0.1, FedYogi's 0.01); ``None``: none does.
     """
 
     name: str
@@ -68,6 +71,7 @@ class Param:
     app_default: bool | int | float | str | None = None
     alias: str | None = None
     parse: Callable[[Any], Any] | None = None
+    unset: bool | int | float | str | None = None
 
     @property
     def keyword(self) -> str:
@@ -83,7 +87,7 @@ class Param:
             raise TypeError(f"parameter {self.name}: a parse is for a run-config key whose "
                             f"constructor value is an object, not {self.default!r}")
         if (self.app_default is not None and self.parse is None
-                and self.problem(self.app_default)):
+                and self.app_default != self.unset and self.problem(self.app_default)):
             raise ValueError(f"parameter {self.name}: app_default {self.app_default!r} "
                              f"{self.problem(self.app_default)}")
         if self.choices is not None and self.default not in self.choices:
@@ -94,6 +98,12 @@ class Param:
     def run_default(self) -> Any:
         """The run config's default: ``app_default``, or else ``default``."""
         return self.default if self.app_default is None else self.app_default
+
+    @property
+    def run_side(self) -> tuple[Any, ...]:
+        """What the run config reads of it: keyword, key, run default, range, help and
+        unset value (two declarations of one key must agree on it)."""
+        return (self.keyword, self.key, self.run_default, self.range, self.help, self.unset)
 
     @property
     def type(self) -> type:
@@ -108,7 +118,12 @@ class Param:
     def allows_run(self, value: Any) -> bool:
         """Whether a run-config value (of :attr:`run_type`) is in range; a parsed one is
         checked when the strategy is built."""
-        return self.parse is not None or self.allows(value)
+        return self.parse is not None or self.is_unset(value) or self.allows(value)
+
+    def is_unset(self, value: Any) -> bool:
+        """Whether a run-config value is :attr:`unset` (the class keeps its default)."""
+        return self.unset is not None and value == self.unset and type(value) is type(
+            self.unset)
 
     @property
     def range(self) -> str:
@@ -180,7 +195,8 @@ class Spec:
         """Constructor arguments from run-config values (by key; missing keys keep
         their defaults)."""
         return {p.keyword: p.parse(options[p.key]) if p.parse else options[p.key]
-                for p in self.keyed() if p.key is not None and p.key in options}
+                for p in self.keyed() if p.key is not None and p.key in options
+                and not p.is_unset(options[p.key])}
 
 
 T = TypeVar("T")
@@ -189,11 +205,12 @@ T = TypeVar("T")
 def setting(*, default: T, help: str, check: Callable[[Any], bool] | None = None,
             rule: str = "", choices: tuple[str, ...] | None = None, key: str | None = None,
             app_default: bool | float | str | None = None, alias: str | None = None,
-            parse: Callable[[Any], Any] | None = None) -> T:
+            parse: Callable[[Any], Any] | None = None,
+            unset: bool | float | str | None = None) -> T:
     """A constructor parameter of a :class:`Configured` class, declared in its body
     (the attributes of :class:`Param`; its name is the attribute's)."""
     return cast(T, Param("", default, help, check, rule, choices, key, app_default, alias,
-                         parse))
+                         parse, unset))
 
 
 def positive(value: float) -> bool:

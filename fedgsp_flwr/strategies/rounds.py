@@ -83,6 +83,8 @@ def run_rounds(
     log(INFO, "Starting %s strategy:", name)
     log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
     summary()
+    if offset:
+        log(INFO, "\t└──> Resumed after round %d", offset)
     log(INFO, "")
     train_config = ConfigRecord() if train_config is None else train_config
     evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config

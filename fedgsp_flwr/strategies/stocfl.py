@@ -15,6 +15,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from ..core._moved import moved
 from ..core.clustering import (
     MERGE_MODELS,
     SKETCH_MODES,
@@ -383,3 +384,5 @@ class StoCFL(ClusteredRound):
 
 
 PARAMS = StoCFL.spec
+_MOVED = {"SketchReplies": f"{__package__}.sketch_queries:SketchReplies"}
+__getattr__ = moved(__name__, _MOVED)

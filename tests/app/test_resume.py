@@ -179,3 +179,15 @@ def test_a_seed_trains_the_same_clients_whatever_the_node_ids(tmp_path: Path,
     expected, got = arrays(first / "model.npz"), arrays(second / "model.npz")
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+def test_resumed_rounds_is_a_deprecated_alias_of_resumed_after() -> None:
+    from fedgsp_flwr.app.checkpoint import ResumedRounds
+    from fedgsp_flwr.strategies import FedAvg
+
+    strategy = FedAvg()
+    assert strategy.resumed_after == 0
+    with pytest.warns(DeprecationWarning, match="strategy.resumed_after = offset"):
+        assert ResumedRounds(strategy, 4) is strategy and strategy.resumed_after == 4
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="offset must be >= 0"):
+        ResumedRounds(strategy, -1)

@@ -22,7 +22,6 @@ from fakegrid import FakeGrid, partition_node
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from helpers import run_rounds
 
-from fedgsp_flwr.app.checkpoint import ResumedRounds
 from fedgsp_flwr.strategies.cfl import CFL, ROOT
 from fedgsp_flwr.strategies.state import StrategyState
 
@@ -298,8 +297,8 @@ def test_a_checkpoint_round_trip_gives_the_same_next_rounds() -> None:
     assert resumed.known.partition_ids == original.known.partition_ids
     for strategy, grid in zip((original, resumed), grids, strict=True):
         grid.pushed.clear()
-        ResumedRounds(strategy, DONE).start(grid, initial(), num_rounds=5, timeout=30,
-                                            train_config=ConfigRecord({}))
+        strategy.resumed_after = DONE
+        strategy.start(grid, initial(), num_rounds=5, timeout=30, train_config=ConfigRecord({}))
     assert [(n, k) for _, n, k, _ in grids[0].pushed] == [
         (n, k) for _, n, k, _ in grids[1].pushed]
     assert sent_heads(grids[0]) == sent_heads(grids[1])

@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from fedgsp_flwr.app.config import SPECS, ConfigError, RunConfig
+from fedgsp_flwr.app.config import SPECS, ConfigError, RunConfig, spec_keys
 from fedgsp_flwr.app.registry import build_strategy
 from fedgsp_flwr.strategies import (
     CFL,
@@ -15,14 +15,17 @@ from fedgsp_flwr.strategies import (
     IDA,
     IFCA,
     Ditto,
+    FedAdam,
     FedFusion,
     FedGSP,
     FedMMD,
     FedProx,
+    FedYogi,
     FeSEM,
     HierFL,
     SemiFL,
     StoCFL,
+    adaptive,
     cfl,
     ditto,
     fedgsp,
@@ -46,7 +49,8 @@ SPECCED = {CFL: cfl.PARAMS, FLHC: flhc.PARAMS, Ditto: ditto.PARAMS, HierFL: hier
            StoCFL: stocfl.PARAMS, FedMMD: twostream.FEDMMD_PARAMS,
            FedFusion: twostream.FEDFUSION_PARAMS, FeSEM: fesem.PARAMS, IFCA: ifca.PARAMS,
            SemiFL: semifl.PARAMS, FedGSP: fedgsp.PARAMS, FedProx: FEDPROX_PARAMS,
-           RelayStrategy: sequential.PARAMS}
+           RelayStrategy: sequential.PARAMS, FedAdam: FedAdam.spec, FedYogi: FedYogi.spec,
+           adaptive._ServerOptimizer: adaptive._ServerOptimizer.spec}
 
 
 def test_the_app_reads_every_spec() -> None:
@@ -100,6 +104,28 @@ def test_the_run_config_validates_spec_keys_and_the_registry_passes_them() -> No
         RunConfig.from_mapping({"stocfl-sketch": "nope"})
     with pytest.raises(ConfigError, match="did you mean 'stocfl-tau'"):
         RunConfig.from_mapping({"stocfl-tua": 0.5})
+
+
+def test_an_unset_value_keeps_each_class_its_own_default() -> None:
+    def built(**options: float) -> list[tuple[float, ...]]:
+        return [(s.eta, s.tau, s.beta_1, s.beta_2, s.eta_l) for name in ("fedadam", "fedyogi")
+                for s in [build_strategy(RunConfig.from_mapping({"strategy": name, **options}))]]
+
+    assert built() == [(0.1, 1e-3, 0.9, 0.99, 0.05), (0.01, 1e-3, 0.9, 0.99, 0.05)]
+    assert built(**{"fedopt-eta": 0.05, "fedopt-beta-1": 0.5, "lr": 0.2}) == [
+        (0.05, 1e-3, 0.5, 0.99, 0.2), (0.05, 1e-3, 0.5, 0.99, 0.2)]
+    with pytest.raises(ConfigError, match="'fedopt-eta' must be > 0, got -0.1"):
+        RunConfig.from_mapping({"fedopt-eta": -0.1})
+    with pytest.raises(ValueError, match="FedAdam: eta must be > 0, got 0"):
+        FedAdam(eta=0.0)  # 0 is the run config's "unset", not a constructor value
+
+
+def test_a_key_declared_twice_must_read_the_same() -> None:
+    a = Param("eta", 0.1, "rate", key="eta", app_default=0.0, unset=0.0)
+    assert spec_keys((Spec("A", (a,)), Spec("B", (Param("eta", 0.01, "rate", key="eta",
+                                                            app_default=0.0, unset=0.0),))))
+    with pytest.raises(ValueError, match="'eta' is declared twice, differently"):
+        spec_keys((Spec("A", (a,)), Spec("B", (Param("eta", 0.01, "rate", key="eta"),))))
 
 
 def test_a_spec_refuses_a_default_it_cannot_express() -> None:

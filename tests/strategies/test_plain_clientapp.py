@@ -312,14 +312,13 @@ def test_flowers_metric_aggregation_functions_replace_ours(name: str) -> None:
 
 
 def test_a_resumed_run_stops_and_keeps_its_model_as_a_fresh_one_does() -> None:
-    from fedgsp_flwr.app.checkpoint import ResumedRounds
-
     seen: list[tuple[str, dict[str, Any]]] = []
     grid = grid_of(lambda: plain_clientapp.make_app(seen, fail=failing_train("disk full")))
     start = initial()
     with pytest.raises(TrainingStalled, match="rounds 3-5.*disk full") as info:
-        ResumedRounds(FedGSP(), 2).start(grid, start, num_rounds=4, timeout=30,
-                                         train_config=ConfigRecord({"lr": LR}))
+        strategy = FedGSP()
+        strategy.resumed_after = 2
+        strategy.start(grid, start, num_rounds=4, timeout=30, train_config=ConfigRecord({"lr": LR}))
     assert info.value.arrays is start
 
 

@@ -5,7 +5,7 @@ Each strategy runs R rounds in-process over a FakeGrid, and the same seeded run 
 app takes it (``checkpoint_state`` and the global generators, written and read back
 by the app's ``save_checkpoint`` / ``load_checkpoint``), and a fresh strategy resumes
 from it as the app resumes (``query.partition`` to nodes with other ids,
-``node_map``, ``restore_state``, the generators, :class:`ResumedRounds`). The final
+``node_map``, ``restore_state``, the generators, ``resumed_after``). The final
 model, every group model and every round's metrics (clock ones aside) must be
 identical.
 
@@ -42,7 +42,6 @@ from torch import nn
 from fedgsp_flwr import strategies
 from fedgsp_flwr.app.checkpoint import (
     Checkpoint,
-    ResumedRounds,
     capture_global_rngs,
     load_checkpoint,
     restore_global_rngs,
@@ -317,7 +316,8 @@ def check_resume(tmp_path: Path, name: str, handlers: tuple[str, ...]) -> None:
                                                 num_server_rounds=ROUNDS)))
     restore_global_rngs(checkpoint.rng)
     resumed_from = len(federation.raw.pushed)  # after the app's query.partition
-    result = start(ResumedRounds(strategy, STOP), federation.grid,
+    assert strategy.resumed_after == STOP
+    result = start(strategy, federation.grid,
                    to_record(checkpoint.model), ROUNDS - STOP, Recorder(strategy, federation))
 
     sent, expected_sent = federation.sent(resumed_from), full_federation.sent(recorder.pushed)
