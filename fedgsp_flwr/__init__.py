@@ -12,4 +12,4 @@ Layers, each importing only from the ones below it:
 - :mod:`fedgsp_flwr.tools`: launchers, the centralized baseline, divergence metrics.
 """
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"

@@ -82,7 +82,8 @@ def test_the_names_are_distinct_and_every_message_type_is_described() -> None:
                                     "fedgsp_flwr.core.fusion", "fedgsp_flwr.core.hooks",
                                     "fedgsp_flwr.core.ifca", "fedgsp_flwr.clients.handlers",
                                     "fedgsp_flwr.threads", "fedgsp_flwr.strategies.fedavg",
-                                    "fedgsp_flwr.strategies.stocfl"])
+                                    "fedgsp_flwr.strategies.stocfl",
+                                    "fedgsp_flwr.strategies.nodes"])
 def test_the_old_names_still_resolve_with_a_deprecation_warning(module: str) -> None:
     old = importlib.import_module(module)
     moved = vars(old)["_MOVED"]

@@ -9,8 +9,9 @@ FeSEM and IFCA their seeded models (``centre_factory``) through their constructo
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flwr.app import ArrayRecord
@@ -108,3 +109,45 @@ def build_strategy(cfg: RunConfig, run: RunContext | None = None) -> FedAvg:
     if (fixed := FIXED.get(cfg.strategy)) is not None:
         kwargs.update(fixed(cfg))
     return cls(**kwargs)
+
+
+def _builders() -> dict[str, Callable[[RunConfig, RunContext], FedAvg]]:
+    """0.6.0's ``STRATEGIES``: name -> builder of that strategy from a run config."""
+    def builder(name: str) -> Callable[[RunConfig, RunContext], FedAvg]:
+        return lambda cfg, run: build_strategy(replace(cfg, strategy=name), run)
+
+    return {name: builder(name) for name in CATALOG}
+
+
+def _fedopt_kwargs(cfg: RunConfig, moments: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"tau": cfg.options["fedopt-tau"], "eta_l": cfg.lr}
+    if cfg.options["fedopt-eta"]:
+        out["eta"] = cfg.options["fedopt-eta"]
+    if moments:
+        out.update(beta_1=cfg.options["fedopt-beta-1"], beta_2=cfg.options["fedopt-beta-2"])
+    return out
+
+
+def _timeout_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    return {"train_timeout": cfg.train_timeout}
+
+
+def _relay_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    return {**_timeout_kwargs(cfg), "poll_interval": cfg.options["relay-poll"],
+            "relay_message_type": cfg.options["relay-message"], "seed": cfg.seed}
+
+
+# 0.6.0's builder helpers: the same values, now read from the declared keys by
+# build_strategy; each goes in 0.8.0.
+_GONE: dict[str, Callable[[], object]] = {
+    "STRATEGIES": _builders, "fedopt_kwargs": lambda: _fedopt_kwargs,
+    "timeout_kwargs": lambda: _timeout_kwargs, "relay_kwargs": lambda: _relay_kwargs}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _GONE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"{__name__}.{name} is deprecated (0.7.0): build_strategy(cfg) reads "
+                  "every declared key itself; the name goes in 0.8.0", DeprecationWarning,
+                  stacklevel=2)
+    return _GONE[name]()

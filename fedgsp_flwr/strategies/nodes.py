@@ -21,6 +21,7 @@ New code imports from those modules.
 
 from __future__ import annotations
 
+from ..core._moved import moved
 from .exchange import (
     MAX_POLL_INTERVAL,
     UNREACHABLE_ERRORS,
@@ -83,3 +84,5 @@ __all__ = [
     "unreachable",
     "vector_problem",
 ]
+_MOVED = {"BASIC_TYPES": "fedgsp_flwr.protocol:BASIC_TYPES"}
+__getattr__ = moved(__name__, _MOVED)

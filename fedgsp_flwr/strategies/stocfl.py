@@ -384,5 +384,6 @@ class StoCFL(ClusteredRound):
 
 
 PARAMS = StoCFL.spec
-_MOVED = {"SketchReplies": f"{__package__}.sketch_queries:SketchReplies"}
+_MOVED = {name: f"{__package__}.sketch_queries:{name}"
+          for name in ("SketchReplies", "BUFFER_SUFFIXES")}
 __getattr__ = moved(__name__, _MOVED)

@@ -121,12 +121,12 @@ def test_a_checkpoint_records_its_format_version_and_arrays_checksum(tmp_path: P
     assert_equal(load_checkpoint(tmp_path), checkpoint)
 
 
-def test_the_package_version_is_0_6_0() -> None:
+def test_the_package_version_is_0_7_0() -> None:
     import tomllib
 
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text())["project"]["version"]
-    assert fedgsp_flwr.__version__ == declared == "0.6.0"
+    assert fedgsp_flwr.__version__ == declared == "0.7.0"
 
 
 @pytest.mark.parametrize("keep", [0.0, 0.1, 0.5, 0.9, 0.999])
@@ -202,7 +202,7 @@ def test_a_checkpoint_of_a_newer_format_is_refused_with_the_versions(tmp_path: P
     meta.update({"format-version": CHECKPOINT_FORMAT + 1, "written-by": "fedgsp-flwr 9.0"})
     rewrite(tmp_path / CHECKPOINT_FILE, arrays, meta)
     with pytest.raises(CheckpointError, match=r"format 3 \(fedgsp-flwr 9.0\); fedgsp-flwr "
-                                              r"0.6.0 reads formats 1 to 2"):
+                                              r"0.7.0 reads formats 1 to 2"):
         load_checkpoint(tmp_path)
 
 

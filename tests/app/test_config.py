@@ -225,3 +225,27 @@ def test_relay_message_must_be_a_train_type(value: str) -> None:
         RunConfig.from_mapping({"relay-message": value})
     assert RunConfig.from_mapping({"relay-message": "train.hop"}).options["relay-message"] == (
         "train.hop")
+
+
+def test_the_registry_helpers_of_0_6_0_warn_and_give_what_the_build_uses() -> None:
+    from fedgsp_flwr.app import registry
+
+    cfg = RunConfig.from_mapping({"strategy": "fedavg", "fedopt-eta": 0.2, "lr": 0.03,
+                                  "relay-poll": 0.5})
+    with pytest.warns(DeprecationWarning, match="STRATEGIES is deprecated"):
+        builders = registry.STRATEGIES
+    assert type(builders["fedyogi"](cfg, registry.RunContext())).__name__ == "FedYogi"
+    with pytest.warns(DeprecationWarning, match="fedopt_kwargs is deprecated"):
+        fedopt = registry.fedopt_kwargs(cfg, moments=True)
+    yogi = registry.build_strategy(RunConfig.from_mapping({**cfg.to_mapping(),
+                                                           "strategy": "fedyogi"}))
+    assert {k: getattr(yogi, k) for k in fedopt} == fedopt == {
+        "tau": cfg.options["fedopt-tau"], "eta_l": 0.03, "eta": 0.2,
+        "beta_1": cfg.options["fedopt-beta-1"], "beta_2": cfg.options["fedopt-beta-2"]}
+    with pytest.warns(DeprecationWarning, match="relay_kwargs is deprecated"):
+        relay = registry.relay_kwargs(cfg)
+    semifl = registry.build_strategy(RunConfig.from_mapping({**cfg.to_mapping(),
+                                                             "strategy": "semifl"}))
+    assert {k: getattr(semifl, k) for k in relay} == relay
+    with pytest.raises(AttributeError, match="NO_SUCH_NAME"):
+        registry.NO_SUCH_NAME  # noqa: B018
