@@ -23,7 +23,7 @@ from typing import Any
 from ..clients.handlers import TrainSettings
 from ..data import LOCAL_DATASETS, SCHEMES
 from ..models import MODELS
-from ..strategies.params import Param, Spec, non_negative, positive
+from ..strategies.params import Param, Spec, non_negative, positive, rule_of
 from ..strategies.semifl import CLUSTER_SOURCES
 from .catalog import CATALOG, keyed_specs
 
@@ -115,8 +115,8 @@ def _setting(
     """
     if choices is not None:
         check, rule = (lambda v: v in choices), "one of " + ", ".join(choices)
-    return field(default=default,
-                 metadata={"help": help, "check": check, "rule": rule, "fix": fix})
+    return field(default=default, metadata={"help": help, "check": check,
+                                            "rule": rule or rule_of(check), "fix": fix})
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class RunConfig:
     :class:`ConfigError` naming the key.
     """
 
-    num_server_rounds: int = _setting(5, "number of server rounds", positive, "> 0")
+    num_server_rounds: int = _setting(5, "number of server rounds", positive)
     strategy: str = _setting("fedgsp", "strategy name (see fedgsp_flwr.app.registry)",
                              choices=STRATEGY_NAMES)
     dataset: str = _setting(
@@ -139,13 +139,13 @@ class RunConfig:
     partition: str = _setting("iid", "partition scheme (see fedgsp_flwr.data.partition)",
                               choices=SCHEMES)
     partition_alpha: float = _setting(
-        0.5, "Dirichlet concentration of partition=dirichlet", positive, "> 0"
+        0.5, "Dirichlet concentration of partition=dirichlet", positive
     )
     classes_per_client: int = _setting(
-        2, "classes per client of partition=pathological", positive, "> 0"
+        2, "classes per client of partition=pathological", positive
     )
     shards_per_client: int = _setting(
-        2, "shards per client of partition=shards", positive, "> 0"
+        2, "shards per client of partition=shards", positive
     )
     test_fraction: float = _setting(
         0.2, "size of a client's test split relative to its train split", _fraction,
@@ -156,18 +156,16 @@ class RunConfig:
         "training set (IFCA's and StoCFL's Rotated MNIST)")
     synthetic_alpha: float = _setting(
         1.0, "model heterogeneity alpha of the Synthetic(alpha, beta) data", non_negative,
-        ">= 0",
     )
     synthetic_beta: float = _setting(
         1.0, "data heterogeneity beta of the Synthetic(alpha, beta) data", non_negative,
-        ">= 0",
     )
     train_examples: int = _setting(
         0, "training examples drawn (seeded) from the dataset before partitioning "
-        "(0 = all)", non_negative, ">= 0")
+        "(0 = all)", non_negative)
     test_examples: int = _setting(
         0, "examples drawn (seeded) from the test split, for central evaluation and the "
-        "clients' test splits (0 = all)", non_negative, ">= 0")
+        "clients' test splits (0 = all)", non_negative)
     model: str = _setting("auto", "model (auto: cnn for images, logistic for vectors)",
                           choices=MODELS)
     fraction_train: float = _setting(
@@ -178,31 +176,30 @@ class RunConfig:
         _closed_fraction, "in [0, 1]",
     )
     min_available_nodes: int = _setting(
-        2, "nodes to wait for before sampling", positive, "> 0"
+        2, "nodes to wait for before sampling", positive
     )
     node_wait_timeout: float = _setting(
         600.0, "seconds to wait for min-available-nodes connected nodes, at the start and "
         "whenever a round samples, before the run fails naming the count (deployment; a "
-        "simulation with fewer nodes fails at once)", positive, "> 0")
+        "simulation with fewer nodes fails at once)", positive)
     # Sent to the clients in every training message's config (the one route).
     local_epochs: int = _setting(TrainSettings.local_epochs, "local epochs per training "
-                                 "message", positive, "> 0")
-    lr: float = _setting(TrainSettings.lr, "client SGD learning rate", positive, "> 0")
+                                 "message", positive)
+    lr: float = _setting(TrainSettings.lr, "client SGD learning rate", positive)
     momentum: float = _setting(
         TrainSettings.momentum, "client SGD momentum", lambda v: 0.0 <= v < 1.0, "in [0, 1)"
     )
-    batch_size: int = _setting(TrainSettings.batch_size, "client mini-batch size", positive,
-                               "> 0")
+    batch_size: int = _setting(TrainSettings.batch_size, "client mini-batch size", positive)
     fedgsp_num_groups: int = _setting(
         0, "fixed number of groups of naivegsp / naivegsp-icg (0 = fedgsp-growth-beta)",
-        non_negative, ">= 0")
+        non_negative)
     query_timeout: float = _setting(
         600.0, "seconds to wait for the replies to a query (partition id, histogram, sketch)",
-        positive, "> 0")
+        positive)
     histogram_epsilon: float = _setting(
         0.0, "Laplace noise on the class histograms nodes report: privacy budget epsilon "
         "(0 = exact counts; a node's own histogram-epsilon node config wins)",
-        lambda v: v >= 0, ">= 0")
+        non_negative)
     semifl_clusters: str = _setting(
         "c3", "Semi-FL static clusters: a rule (the paper: c3), node-config (each node's "
         "cluster-id) or a .json/.csv file (partition id -> cluster id)",
@@ -210,31 +207,26 @@ class RunConfig:
         + " or a .json/.csv cluster file")
     cost_flops_per_example: float = _setting(
         0.0, "cost model (FedGSP Eq. 15): training FLOPs per example (0 = counted from the "
-        "run's model)", non_negative, ">= 0")
+        "run's model)", non_negative)
     cost_aggregation_flops: float = _setting(
         0.0, "cost model: FLOPs to aggregate one model (0 = the model's parameter count)",
-        non_negative, ">= 0")
+        non_negative)
     cost_device_flops: float = _setting(
-        567e9, "cost model: device throughput, FLOP/s (the paper's Snapdragon 835)",
-        positive, "> 0")
+        567e9, "cost model: device throughput, FLOP/s (the paper's Snapdragon 835)", positive)
     cost_rate_in: float = _setting(
-        567.0, "cost model (Eq. 16): inbound link rate, Mbit/s (the paper's)", positive,
-        "> 0")
+        567.0, "cost model (Eq. 16): inbound link rate, Mbit/s (the paper's)", positive)
     cost_rate_out: float = _setting(
-        567.0, "cost model (Eq. 16): outbound link rate, Mbit/s (the paper's)", positive,
-        "> 0")
-    seed: int = _setting(42, "seed of data partitions, model init and sampling",
-                         non_negative, ">= 0")
+        567.0, "cost model (Eq. 16): outbound link rate, Mbit/s (the paper's)", positive)
+    seed: int = _setting(42, "seed of data partitions, model init and sampling", non_negative)
     train_timeout: float = _setting(
         3600.0, "seconds to wait for the replies to training or evaluation messages (a "
-        "round, an edge round, a relay hop)", positive, "> 0")
+        "round, an edge round, a relay hop)", positive)
     max_untrained_rounds: int = _setting(
-        3, "rounds in a row that train nothing before the run stops with their cause",
-        positive, "> 0")
+        3, "rounds in a row that train nothing before the run stops with their cause", positive)
     server_threads: int = _setting(
         0, "BLAS/OpenMP threads of the ServerApp's numpy and torch work (0 = automatic: 1 "
         "in simulation, whose ClientApps own the cores; the process's default in "
-        "deployment)", non_negative, ">= 0")
+        "deployment)", non_negative)
     data_dir: str = _setting(
         "", "dataset cache directory ('' = $FEDGSP_DATA_DIR or ~/.cache/fedgsp-flwr)"
     )

@@ -48,7 +48,7 @@ from .params import positive, setting
 
 def _eta(default: float) -> float:
     return setting(default=default, help="server learning rate (the app's 0: each "
-                   "optimizer's own, 0.1, FedYogi 0.01)", check=positive, rule="> 0",
+                   "optimizer's own, 0.1, FedYogi 0.01)", check=positive,
                    key="fedopt-eta", app_default=0.0, unset=0.0)
 
 
@@ -77,7 +77,7 @@ class _ServerOptimizer(Configured):
     eta: float = _eta(0.1)
     eta_l: float = _eta_l(0.1)
     tau: float = setting(default=1e-3, help="adaptivity (the denominator's floor)",
-                         check=positive, rule="> 0", key="fedopt-tau")
+                         check=positive, key="fedopt-tau")
     beta_1: ClassVar[float] = 0.0  # FedAdagrad: no momentum
     beta_2: ClassVar[float] = 0.0
 

@@ -120,17 +120,16 @@ class CFL(ClusteredRound):
         default=0.4, help="split a cluster only while the norm of its weighted mean update is "
                           "below this (the authors' notebook: 0.4; it depends on the model, the"
                           " learning rate and the local epochs: read mean-norms and max-norms "
-                          "of a run to set it)", check=positive,
-        rule="> 0", key="cfl-eps1")
+                          "of a run to set it)", check=positive, key="cfl-eps1")
     eps2: float = setting(
         default=1.6, help="... and while its largest client update norm is above this (the "
-        "authors' notebook: 1.6)", check=non_negative, rule=">= 0", key="cfl-eps2")
+        "authors' notebook: 1.6)", check=non_negative, key="cfl-eps2")
     min_split_size: int = setting(
         default=3, help="fewest client updates a split is tested on (the authors' code: > 2)",
         check=lambda v: v >= 2, rule=">= 2", key="cfl-min-split-size")
     warmup_rounds: int = setting(
         default=20, help="no split in rounds 1..this (the authors' code: 20)", check=non_negative,
-        rule=">= 0", key="cfl-warmup-rounds")
+        key="cfl-warmup-rounds")
     linkage: str = setting(
         default="complete", help="bipartition: complete (the authors' code) | optimal (the "
         "paper's: minimise the largest cross-part similarity; single linkage)", choices=LINKAGES,

@@ -83,14 +83,13 @@ class Ditto(HookedTrain):
                           "1). The pull is an explicit SGD step: keep lr * lambda <= 1 (it "
                           "overshoots w beyond 1 and diverges beyond 2 without momentum; a "
                           "WARNING says so once)",
-        check=non_negative, rule=">= 0", key="ditto-lambda")
+        check=non_negative, key="ditto-lambda")
     personal_epochs: int = setting(
         default=0, help="local epochs of the personal model (0 = as the global model's: "
-        "the authors' code)", check=non_negative, rule=">= 0", key="ditto-personal-epochs")
+        "the authors' code)", check=non_negative, key="ditto-personal-epochs")
     personal_steps: int = setting(
         default=0, help="mini-batch steps of the personal model instead of epochs (0 = "
-        "not by steps; set at most one of the two)", check=non_negative, rule=">= 0",
-        key="ditto-personal-steps")
+        "not by steps; set at most one of the two)", check=non_negative, key="ditto-personal-steps")
 
     def __post_init__(self) -> None:
         super().__post_init__()

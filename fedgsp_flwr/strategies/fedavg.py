@@ -61,15 +61,15 @@ class FedAvg(Configured, FlowerFedAvg):
     """
 
     fraction_train: float = setting(default=1.0, help="share of the nodes sampled to train "
-                                    "each round", check=unit, rule="in [0, 1]")
+                                    "each round", check=unit)
     fraction_evaluate: float = setting(default=1.0, help="share of the nodes sampled to "
-                                       "evaluate each round", check=unit, rule="in [0, 1]")
+                                       "evaluate each round", check=unit)
     min_train_nodes: int = setting(default=2, help="fewest nodes to train a round",
-                                   check=non_negative, rule=">= 0")
+                                   check=non_negative)
     min_evaluate_nodes: int = setting(default=2, help="fewest nodes to evaluate a round",
-                                      check=non_negative, rule=">= 0")
+                                      check=non_negative)
     min_available_nodes: int = setting(default=2, help="nodes to wait for before a round",
-                                       check=non_negative, rule=">= 0")
+                                       check=non_negative)
     weighted_by_key: str = setting(default=NUM_EXAMPLES,
                                    help="the reply metric that weighs each reply")
     arrayrecord_key: str = setting(default=ARRAYS, help="the model's record name")
@@ -88,7 +88,7 @@ class FedAvg(Configured, FlowerFedAvg):
         check=lambda v: v is None or (type(v) is int and v >= 1), rule="None or an integer >= 1")
     query_timeout: float = setting(
         default=300.0, help="seconds to wait for the nodes' answers to a query (partition "
-        "ids; histograms, sketches where the strategy asks for them)", check=positive, rule="> 0")
+        "ids; histograms, sketches where the strategy asks for them)", check=positive)
 
     def __post_init__(self) -> None:
         FlowerFedAvg.__init__(

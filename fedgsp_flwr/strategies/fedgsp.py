@@ -60,11 +60,11 @@ class FedGSP(RelayStrategy):
     growth: str = setting(default="log", help="growth function of the number of groups",
                           choices=GROWTH_FUNCTIONS, key="fedgsp-growth")
     alpha: float = setting(default=2.0, help="growth rate alpha", check=positive,
-                           rule="> 0", key="fedgsp-growth-alpha")
+                           key="fedgsp-growth-alpha")
     beta: int = setting(
         default=10, help="initial number of groups and growth span beta (the paper: 10 "
         "for 368 clients; the app's 1 starts with one chain through all nodes)",
-        check=positive, rule="> 0", key="fedgsp-growth-beta", app_default=1)
+        check=positive, key="fedgsp-growth-beta", app_default=1)
     kappa: float = setting(default=0.3, help="fraction of groups sampled per round",
                            check=lambda v: 0 < v <= 1, rule="in (0, 1]", key="fedgsp-kappa")
     grouping: str = setting(default="icg", help="icg or random (the app: by strategy "
@@ -74,7 +74,7 @@ class FedGSP(RelayStrategy):
                                      check=lambda v: v is None or v >= 1,
                                      rule="None or >= 1")
     icg_iterations: int = setting(default=10, help="ICG's maximum iterations (tau)",
-                                  check=positive, rule="> 0", key="fedgsp-icg-iterations")
+                                  check=positive, key="fedgsp-icg-iterations")
     icg_leftover: str = setting(
         default="drop", help="ICG clients outside the equal-size clusters: drop (the "
         "paper: they sit the round out) or distribute (ours: they join groups)",
@@ -90,7 +90,7 @@ class FedGSP(RelayStrategy):
                                                             " do; regroup every round "
                                                             "otherwise)")
     cpd_sigma: float = setting(default=1.0, help="kernel width of the CPD metric",
-                               check=positive, rule="> 0")
+                               check=positive)
 
     def __post_init__(self) -> None:
         super().__post_init__()

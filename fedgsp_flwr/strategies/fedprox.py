@@ -24,7 +24,7 @@ class FedProx(FedAvg):
 
     proximal_mu: float = setting(
         default=0.0, help="proximal term weight (the constructor's 0.0, Flower's default, "
-        "is FedAvg; the app's 0.01 makes FedProx differ)", check=non_negative, rule=">= 0",
+        "is FedAvg; the app's 0.01 makes FedProx differ)", check=non_negative,
         key="fedprox-mu", app_default=0.01)
 
     def summary(self) -> None:

@@ -65,7 +65,7 @@ class FeSEM(ClusteredRound):
     centres = saved.array("centres", np.float32)  # one row per centre
 
     k: int = setting(
-        default=4, help="number of centres K", check=positive, rule="> 0", key="fesem-k")
+        default=4, help="number of centres K", check=positive, key="fesem-k")
     init: str = setting(
         default="kmeans++", help="centre initialisation", choices=INITS, key="fesem-init")
     new_clients: str = setting(

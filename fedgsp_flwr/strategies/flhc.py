@@ -73,11 +73,11 @@ class FLHC(ClusteredRound):
 
     warmup_rounds: int = setting(
         default=10, help="FedAvg rounds before the clustering round", check=non_negative,
-        rule=">= 0", key="flhc-warmup-rounds")
+        key="flhc-warmup-rounds")
     threshold: float = setting(
         default=3.0, help="distance up to which clusters of updates merge (it depends on the "
         "model, the learning rate and the local epochs: the clustering round logs the merge "
-        "heights)", check=positive, rule="> 0", key="flhc-threshold")
+        "heights)", check=positive, key="flhc-threshold")
     metric: str = setting(
         default="euclidean", help="distance between updates: euclidean | manhattan | cosine",
         choices=METRICS, key="flhc-metric")

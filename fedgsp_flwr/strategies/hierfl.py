@@ -89,34 +89,30 @@ class HierFL(ServerSideRound):
         default="heuristic", help="user-edge assignment policy (the paper: heuristic, Algorithm "
         "1)", choices=POLICIES, key="hierfl-policy")
     num_edges: int = setting(
-        default=10, help="edges of a generated topology", check=positive, rule="> 0",
-        key="hierfl-edges")
+        default=10, help="edges of a generated topology", check=positive, key="hierfl-edges")
     reach_per_user: int = setting(
         default=2, help="edges in range of each user of a generated topology (r; the paper's "
                         "setting, core.edge_assignment.paper_topology); a node whose node "
                         "config states its edges (edges=\"0,3\", reported with its histogram) "
-                        "reaches those instead", check=positive,
-        rule="> 0", key="hierfl-reach")
+                        "reaches those instead", check=positive, key="hierfl-reach")
     reach_by: str = setting(
         default="group", help="generated topology: a group of users of one class on one edge "
         "shares its extra edges (group, the paper) or each user draws its own (user)",
         choices=REACH_BY, key="hierfl-reach-by")
     tau1: int = setting(
         default=1, help="local SGD steps per user per edge round (1: the paper's FedSGD)",
-        check=positive, rule="> 0",
-        key="hierfl-tau1")
+        check=positive, key="hierfl-tau1")
     tau2: int = setting(
-        default=2, help="edge rounds per cloud round", check=positive, rule="> 0",
-        key="hierfl-tau2")
+        default=2, help="edge rounds per cloud round", check=positive, key="hierfl-tau2")
     time_limit: float = setting(
         default=10.0, help="CP-SAT time limit in seconds (optimal, equal-size)", check=positive,
-        rule="> 0", key="hierfl-time-limit")
+        key="hierfl-time-limit")
     size_tolerance: float = setting(
         default=0.05, help="equal-size: each edge's examples within this fraction of n/E (the "
-        "paper's constraint (29))", check=non_negative, rule=">= 0", key="hierfl-size-tolerance")
+        "paper's constraint (29))", check=non_negative, key="hierfl-size-tolerance")
     seed: int = setting(
         default=0, help="seed of node sampling and generated topologies (the app: its seed)",
-        check=non_negative, rule=">= 0")
+        check=non_negative)
     topology: Topology | None = setting(
         default=None, help="a given topology, user i the node of partition id i (overrides "
         "the generated one; the run config: a JSON or CSV file, '' = generated)",

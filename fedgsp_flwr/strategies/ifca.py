@@ -95,15 +95,14 @@ class IFCA(ClusteredRound):
     hooks = saved.learnt("hooks", HookSupport)
 
     k: int = setting(
-        default=4, help="number of cluster models k", check=positive, rule="> 0", key="ifca-k")
+        default=4, help="number of cluster models k", check=positive, key="ifca-k")
     init: str = setting(
         default="redraw", help="model initialisation: redraw (model 0 = the run's model, the "
         "others redrawn per array with its mean and std) | seeds (model 0 the run's, model j "
         "with a seed drawn from seed and j)", choices=INITS, key="ifca-init")
     warmup_rounds: int = setting(
         default=0, help="rounds before the first choice in which each node trains the model of a "
-        "random group (the authors' FEMNIST warm-up)", check=non_negative, rule=">= 0",
-        key="ifca-warmup-rounds")
+        "random group (the authors' FEMNIST warm-up)", check=non_negative, key="ifca-warmup-rounds")
     model_factory: Callable[[int], ArrayRecord] | None = setting(
         default=None, help="builds model j's initial weights (required by init 'seeds')")
     head_layers: Sequence[str] | None = setting(

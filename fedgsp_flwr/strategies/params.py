@@ -208,9 +208,10 @@ def setting(*, default: T, help: str, check: Callable[[Any], bool] | None = None
             parse: Callable[[Any], Any] | None = None,
             unset: bool | float | str | None = None) -> T:
     """A constructor parameter of a :class:`Configured` class, declared in its body
-    (the attributes of :class:`Param`; its name is the attribute's)."""
-    return cast(T, Param("", default, help, check, rule, choices, key, app_default, alias,
-                         parse, unset))
+    (the attributes of :class:`Param`; its name is the attribute's). ``rule`` may be
+    left out for a check of :data:`RULES`."""
+    return cast(T, Param("", default, help, check, rule or rule_of(check), choices, key,
+                         app_default, alias, parse, unset))
 
 
 def positive(value: float) -> bool:
@@ -226,6 +227,16 @@ def non_negative(value: float) -> bool:
 def unit(value: float) -> bool:
     """In [0, 1]."""
     return 0 <= value <= 1
+
+
+RULES: dict[Callable[[Any], bool], str] = {positive: "> 0", non_negative: ">= 0",
+                                          unit: "in [0, 1]"}
+"""The rule each shared check states, so that a declaration names only the check."""
+
+
+def rule_of(check: Callable[[Any], bool] | None) -> str:
+    """The rule of a check of :data:`RULES` (``""`` for any other)."""
+    return RULES.get(check, "") if check is not None else ""
 
 
 def check_parameters(owner: str, checks: Iterable[tuple[bool, str]]) -> None:

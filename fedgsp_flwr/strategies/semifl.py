@@ -101,11 +101,10 @@ class SemiFL(RelayStrategy):
                           "(c1-c4), node-config or file", choices=CLUSTER_SOURCES,
                           alias="clusters")
     cluster_size: int = setting(default=10, help="clients per cluster of the rules",
-                                check=positive, rule="> 0", key="semifl-cluster-size")
+                                check=positive, key="semifl-cluster-size")
     offset: int = setting(
         default=0, help="label-homogeneous: rotate the class-sorted clients by this many "
-        "before cutting (half a cluster = the paper's c2)", check=non_negative, rule=">= 0",
-        key="semifl-offset")
+        "before cutting (half a cluster = the paper's c2)", check=non_negative, key="semifl-offset")
     assignment: Mapping[int, int] | None = setting(
         default=None, help="partition id -> cluster id, for clusters='file'",
         check=lambda v: v is None or all(c >= 0 for c in v.values()),

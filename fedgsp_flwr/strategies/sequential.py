@@ -70,9 +70,9 @@ class RelayStrategy(ServerSideRound):
         default=0.02, help="seconds the relay waits after a poll that brought no hop "
         f"reply, doubled with each further empty poll up to {MAX_POLL_INTERVAL:g} (or "
         "this value if longer; 3.0 behaves as send_and_receive in deployment)",
-        check=positive, rule="> 0", key="relay-poll")
+        check=positive, key="relay-poll")
     seed: int = setting(default=0, help="seed of the grouping, sampling and orders (the "
-                        "app: its seed)", check=non_negative, rule=">= 0")
+                        "app: its seed)", check=non_negative)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -90,7 +90,7 @@ class ServerSideRound(FedAvg):
     train_timeout: float = setting(
         default=3600.0, help="seconds to wait for the training (and evaluation) replies the "
                              "strategy collects itself: a round's, an edge round's, a relay "
-                             "hop's (capped by start()'s timeout)", check=positive, rule="> 0")
+                             "hop's (capped by start()'s timeout)", check=positive)
 
     @property
     def reply_timeout(self) -> float:
@@ -263,7 +263,7 @@ class ClusteredRound(ServerSideRound):
         default=0, help="seeds training's sampling and the strategy's draws and, apart, "
                         "evaluation's sampling, so that fraction_evaluate changes nothing in "
                         "training (the app: its seed)",
-        check=non_negative, rule=">= 0")
+        check=non_negative)
     ground_truth: Mapping[int, int] | None = setting(
         default=None, help="latent group of each partition id, to report ARI and NMI")
 

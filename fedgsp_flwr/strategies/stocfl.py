@@ -116,21 +116,19 @@ class StoCFL(ClusteredRound):
         "one cluster)", check=lambda v: -1 <= v <= 1, rule="in [-1, 1]", key="stocfl-tau")
     lambda_: float = setting(
         default=0.05, help="weight of the proximal term tying each cluster model theta_k to "
-        "the global model w (0: plain clustered FL)", check=non_negative, rule=">= 0",
-        key="stocfl-lambda")
+        "the global model w (0: plain clustered FL)", check=non_negative, key="stocfl-lambda")
     sketch: str = setting(
         default="gradient", help="client sketch: gradient (the paper's Psi) or update (the "
         "authors' code: the anchor minus the anchor trained sketch_epochs local epochs)",
         choices=SKETCH_MODES, key="stocfl-sketch")
     sketch_dim: int = setting(
         default=0, help="sketch projected on the client to this many numbers (0 = model size)",
-        check=non_negative, rule=">= 0", key="stocfl-sketch-dim")
+        check=non_negative, key="stocfl-sketch-dim")
     sketch_epochs: int = setting(
         default=1, help="local epochs of the update sketch", check=lambda v: v >= 1, rule=">= 1",
         key="stocfl-sketch-epochs")
     sketch_seed: int = setting(
-        default=0, help="seed of the sketch projection (the app: its seed)", check=non_negative,
-        rule=">= 0")
+        default=0, help="seed of the sketch projection (the app: its seed)", check=non_negative)
     merge_model: str = setting(
         default="larger", help="model of a merged cluster when both clusters' models have "
         "trained: the larger cluster's (the older one's on a tie; the authors' unite) or the "

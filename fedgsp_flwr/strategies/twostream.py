@@ -49,8 +49,7 @@ class FedMMD(HookedTrain):
 
     mmd_weight: float = setting(
         default=fedmmd.DEFAULT_WEIGHT, help="weight of the MMD between the trained and the "
-        "global model's outputs (the authors' code: 0.1)", check=non_negative, rule=">= 0",
-        key="fedmmd-weight")
+        "global model's outputs (the authors' code: 0.1)", check=non_negative, key="fedmmd-weight")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -89,6 +89,8 @@ def test_the_constructor_refuses_what_its_spec_refuses() -> None:
         StoCFL(sketch_dim=2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="StoCFL: lambda_ must be a finite number >= 0"):
         StoCFL(lambda_=float("inf"))
+    with pytest.raises(ValueError, match=r"^StoCFL: sketch_dim must be >= 0, got -1$"):
+        StoCFL(sketch_dim=-1)  # the rule comes with the shared check (params.RULES)
     StoCFL(tau=-1, lambda_=0)  # an int is a float
 
 
