@@ -7,8 +7,10 @@ Runs the app of ``tests/quickstart`` (Flower's quickstart-pytorch on offline MNI
 10 nodes of 2 label shards, its own CNN and metric names, ``lr`` in the train config,
 central ``evaluate_fn``) through ``flwr run`` in the simulation engine, once as it is and
 once with our hooks registered; each run starts every strategy in turn with default
-arguments. Writes ``<out>.json`` and ``<out>.csv`` (one row per app and strategy) and
-prints the Markdown table of docs/use-in-your-app.md (the measured quickstart).
+arguments. Writes ``<out>.json`` and ``<out>.csv`` (one row per app and strategy),
+``<out>-table.csv`` (the rows of the table of docs/use-in-your-app.md, which its
+generated table reads; ``--cells-only`` rewrites it from ``<out>.json``) and prints that
+table.
 """
 
 from __future__ import annotations
@@ -54,25 +56,37 @@ def run(hooks: bool, args: argparse.Namespace, work: Path) -> list[dict[str, Any
     return rows
 
 
+HEADER = ("app", "strategy", "rounds trained", "central accuracy, round 0 -> last",
+          "`result.arrays`", "rejected replies", "missing-hook warnings",
+          "client metrics reported", "group models", "reported")
+COLUMNS = ("app", "strategy", "rounds", "accuracy", "arrays", "rejected", "warnings",
+           "metrics", "groups", "reported")  # of <out>-table.csv, in HEADER's order
+
+
+def cells(r: dict[str, Any]) -> dict[str, str]:
+    """One row of the table of docs/use-in-your-app.md, as text by column."""
+    accuracy, groups = r["central-accuracy"], r["group-models"]
+    return dict(zip(COLUMNS, (
+        r["app"], r["strategy"], str(r["trained-rounds"]),
+        f"{accuracy[0]:.3f} -> {accuracy[-1]:.3f}",
+        f"{r['final-tensors']} tensors, {r['final-bytes'] / 1000:.0f} KB", str(r["rejected"]),
+        str(len(r["missing-hook-warnings"])),
+        ", ".join(m for m in r["client-metrics"] if not m.endswith(SUFFIXES)),
+        f"{len(groups)} ({', '.join(map(str, groups.values()))} nodes)" if groups else "-",
+        ", ".join(f"{k} {v:.3g}" for k, v in r["reported"].items()) or "-"), strict=True))
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table of docs/use-in-your-app.md."""
-    lines = [("| app | strategy | rounds trained | central accuracy, round 0 -> last | "
-             "`result.arrays` | rejected replies | missing-hook warnings | "
-             "client metrics reported | group models | reported |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        accuracy = r["central-accuracy"]
-        groups = r["group-models"]
-        lines.append(
-            f"| {r['app']} | {r['strategy']} | {r['trained-rounds']} | "
-            f"{accuracy[0]:.3f} -> {accuracy[-1]:.3f} | {r['final-tensors']} tensors, "
-            f"{r['final-bytes'] / 1000:.0f} KB | {r['rejected']} | "
-            f"{len(r['missing-hook-warnings'])} | "
-            f"{', '.join(m for m in r['client-metrics'] if not m.endswith(SUFFIXES))} | "
-            + (f"{len(groups)} ({', '.join(map(str, groups.values()))} nodes) | "
-               if groups else "- | ") +
-            f"{', '.join(f'{k} {v:.3g}' for k, v in r['reported'].items())} |")
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cells(r).values()) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def write_cells(rows: list[dict[str, Any]], out: Path) -> None:
+    """``<out>-table.csv``: the table's text by row and column, which the page's
+    generated table reads."""
+    write_atomic(out.with_name(f"{out.name}-table.csv"), rows_to_csv([cells(r) for r in rows]))
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -106,7 +120,12 @@ def main() -> None:
     parser.add_argument("--train-examples", type=int, default=0, help="0 = all 60,000")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results/quickstart-dropin")
+    parser.add_argument("--cells-only", action="store_true",
+                        help="run nothing: write <out>-table.csv from <out>.json")
     args = parser.parse_args()
+    if args.cells_only:
+        write_cells(json.loads(args.out.with_suffix(".json").read_text()), args.out)
+        return
     with tempfile.TemporaryDirectory(prefix="quickstart-dropin-") as work:
         rows = [row for hooks in (False, True) for row in run(hooks, args, Path(work))]
     for row in rows:
@@ -114,6 +133,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out.with_suffix(".json"), json.dumps(rows, indent=1))
     write_atomic(args.out.with_suffix(".csv"), rows_to_csv(rows))
+    write_cells(rows, args.out)
     plot(rows, ROOT / "docs/figures" / f"{args.out.name}.png")
     print(json.dumps(rows, indent=1))
     print(table(rows))
