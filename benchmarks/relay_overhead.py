@@ -1,13 +1,13 @@
 """Relay overhead in Flower's simulation engine: time per hop vs a FedAvg round trip,
 measured in the same run.
 
-    python benchmarks/relay_overhead.py [--nodes 10] [--rounds 4]
+    python benchmarks/relay_overhead.py [--nodes 10] [--rounds 4] [--out FILE.json]
 
 One run on a private local SuperLink: every round trains one relay chain through every
 node (``naivegsp`` with one group), then evaluates on every node the way Flower's
 FedAvg does (all nodes in parallel, one message each, through ``send_and_receive``).
 Tiny synthetic data and the logistic model make training time negligible. Prints one
-JSON document: the relay's mean hop latency and time per round, and the mean round
+JSON document (and writes it to ``--out``): the relay's mean hop latency and time per round, and the mean round
 trip of the parallel evaluation. Round 1 includes Ray's actor start-up (about 10 s)
 and is left out.
 """
@@ -15,11 +15,12 @@ and is left out.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from benchmark_io import emit_json
 
 from fedgsp_flwr.app.results import read_metrics
 from fedgsp_flwr.tools.launcher import LocalSimulation
@@ -32,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=4, help="at least 2")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is warm-up)")
@@ -49,7 +51,7 @@ def main() -> None:
     rows = (read_metrics(work / "results" / "relay") or {})["rounds"][2:]
     hop = statistics.mean(r["hop-latency-mean"] for r in rows)
     fedavg_round = statistics.mean(r["eval-time"] for r in rows)
-    print(json.dumps({
+    emit_json({
         "benchmark": "relay_overhead", "engine": "simulation", "nodes": args.nodes,
         "rounds_measured": len(rows),
         "fedavg_round_trip_seconds": fedavg_round,
@@ -58,7 +60,7 @@ def main() -> None:
         "hops_per_relay_round": statistics.mean(r["hops"] for r in rows),
         "hop_over_fedavg_round_trip": hop / fedavg_round,
         "work_dir": str(work),
-    }, indent=2))
+    }, args.out, indent=2)
 
 
 if __name__ == "__main__":
