@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from benchmark_io import emit_json
 
 from fedgsp_flwr.core.multicenter import Layout, e_step, m_step
