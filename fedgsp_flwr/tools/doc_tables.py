@@ -30,7 +30,8 @@ term is a number or ``[file#]path``.
   is an entry (keys may hold dots: the longest key that matches is taken); in a list, an
   index.
 - `` + ``, `` - ``, `` * `` and `` / `` (spaces around them): arithmetic, strictly left
-  to right (no precedence, no parentheses), e.g. ``{{fedavg.final-acc-mean * 100:.2f}}``,
+  to right (no precedence) within parentheses, which open before a term and close after
+  one (a weighted mean: ``{{(a.x * a.n) + (b.x * b.n) / (a.n + b.n)}}``), e.g. ``{{fedavg.final-acc-mean * 100:.2f}}``,
   a ratio of two results,
   ``{{fedgsp.cost-time-to-reference / fedavg.cost-time-to-reference:.2f}}``, a mean of
   three seeds, ``{{a.red + b.red + c.red / 3:.3f}}``, or a relative gain,
@@ -226,14 +227,28 @@ def render_field(body: str, source: str, results: Results) -> str:
     if not colon:
         expression, spec = spec, ""
     parts = OPERATOR.split(expression.strip())
-    values = [value_of(term.strip(), source, results) for term in parts[::2]]
+    terms = [term.strip() for term in parts[::2]]
+    opening = [len(t) - len(t.lstrip("(")) for t in terms]
+    closing = [len(t) - len(t.rstrip(")")) for t in terms]
+    values = [value_of(t.strip("()"), source, results) for t in terms]
     if any(v is None or v == "" for v in values):
         return MISSING
     if len(values) == 1 and not spec:
         return str(values[0])
-    value = number(values[0])
-    for op, operand in zip(parts[1::2], values[1:], strict=True):
-        value = APPLY[op](value, number(operand))
+    if sum(opening) != sum(closing):
+        raise ValueError(f"unbalanced parentheses in {expression.strip()!r}")
+    stack: list[tuple[float | None, str]] = []  # (value so far, operator) of open groups
+    value: float | None = None
+    for i, term in enumerate(values):
+        op = parts[2 * i - 1] if i else ""
+        for _ in range(opening[i]):
+            stack.append((value, op))
+            value, op = None, ""
+        value = number(term) if value is None else APPLY[op](value, number(term))
+        for _ in range(closing[i]):
+            outer, op = stack.pop()
+            value = value if outer is None else APPLY[op](outer, value)
+    assert value is not None
     return format(value, spec)
 
 

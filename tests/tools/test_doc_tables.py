@@ -103,19 +103,21 @@ def page_with(repo: Path, template: str) -> Path:
 
 def test_a_table_is_rendered_checked_and_rewritten(repo: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    page = page_with(repo, "| a | b | c | d | e | f | g |\n|---|---|---|---|---|---|---|\n"
+    page = page_with(repo, "| a | b | c | d | e | f | g | h |\n|---|---|---|---|---|---|---|---|\n"
                            "| {{strategy=fedavg,round=2.acc * 100:.1f}}% "
                            "| {{bench.json#sizes.k.10.seconds.1 / 2:.2f}} "
                            "| {{fedgsp.acc}} | {{fedgsp.round}} "
                            # left to right: a mean, a relative gain
                            "| {{bench.json#sizes.k.10.seconds.0 + 3 + 4 / 3:.1f}} "
                            "| {{strategy=fedavg,round=2.acc / 0.5 - 1 * 100:+.1f}}% "
+                           # parentheses: a weighted mean, (0.8125 * 3 + 0.5 * 1) / 4
+                           "| {{(strategy=fedavg,round=2.acc * 3) + (0.5 * 1) / (3 + 1):.3f}} "
                            # a selector's value with a dot
                            "| {{layers.csv#strategy=c1,layer=1.weight.red}} |")
     assert main(["--check", "--root", str(repo)]) == 1
     assert "README.md:3: table from runs.csv is stale" in capsys.readouterr().out
     assert main(["--root", str(repo)]) == 0
-    assert "| 81.2% | 1.50 | \u2013 | 1 | 3.0 | +62.5% | 0.25 |" in page.read_text()
+    assert "| 81.2% | 1.50 | \u2013 | 1 | 3.0 | +62.5% | 0.734 | 0.25 |" in page.read_text()
     assert main(["--check", "--root", str(repo)]) == 0
     # a result changes: the table is stale again
     (repo / "docs" / "results" / "runs.csv").write_text(
@@ -130,6 +132,7 @@ def test_a_table_is_rendered_checked_and_rewritten(repo: Path,
     ("nofile.csv#fedgsp.acc", "no file docs/results/nofile.csv"),
     ("fedgsp.round.more", "goes below a value"),
     ("bench.json#source * 2", "'x' is not a number"),
+    ("(fedgsp.round * 2", "unbalanced parentheses in '(fedgsp.round * 2'"),
 ])
 def test_a_placeholder_that_names_nothing_fails_naming_page_line_and_cause(
         repo: Path, field: str, cause: str) -> None:
