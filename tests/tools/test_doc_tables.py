@@ -21,7 +21,6 @@ NOT_YET_GENERATED = {f"docs/{page}.md" for page in (
     "experiments/fedgsp_mnist_pathological",
     "experiments/hierfl_mnist_assignment", "experiments/hierfl_fmnist_assignment",
     "experiments/semifl_mnist_one_class",
-    "experiments/stocfl_clustering",
     "experiments/stocfl_shifted_mnist")}
 
 # Results tables outside docs/experiments/ that no file holds yet, by page: how many, and
