@@ -57,7 +57,9 @@ class FedAvg(Configured, FlowerFedAvg):
     progress : TrainingProgress
         The last model that trained, and the count of rounds without one.
     resumed_after : int
-        Rounds an interrupted run completed, that :meth:`start` goes on from (resume: 0).
+        Rounds an interrupted run completed, which :meth:`start` goes on from (0, the
+        default: a new run). It stays as set: a later :meth:`start` of the same object
+        goes on from it too, so set it back to 0 to start over.
     """
 
     fraction_train: float = setting(default=1.0, help="share of the nodes sampled to train "

@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import WARNING
@@ -90,6 +92,8 @@ def failure_cause(log: str) -> str | None:
 # beside an experiment and a CI run). Such a run never started: it is launched again.
 SUPERLINK_SLOW_TEXT = "Failed to start local SuperLink within"
 SUPERLINK_START_ATTEMPTS = 3
+# LocalSimulation starts its SuperLink itself, as Flower's CLI would, and waits this long.
+SUPERLINK_START_SECONDS = 120.0
 
 
 def logged_run_id(log_path: Path) -> str | None:
@@ -263,8 +267,9 @@ class LocalSimulation(FlwrCli):
     def __init__(self, app_dir: str | Path, home: str | Path, port: int | None = None) -> None:
         super().__init__(app_dir, home)
         self.port = port or free_port()
+        self.control_port = free_port()
         self.env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(self.port)
-        self.env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
+        self.env["FLWR_LOCAL_CONTROL_API_PORT"] = str(self.control_port)
 
     def __enter__(self) -> Self:
         return self
@@ -306,8 +311,49 @@ class LocalSimulation(FlwrCli):
             Run id, final status, wall time and log path.
         """
         federation = f"num-supernodes={num_supernodes} client-resources-num-cpus={client_cpus}"
+        self.start_superlink()
         return self.launch(["--federation-config", federation], run_config,
                            log_path=log_path, timeout=timeout, app_dir=app_dir)
+
+    def superlink_up(self) -> bool:
+        """Whether this simulation's SuperLink answers on its health endpoint."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health",
+                                        timeout=0.4) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start_superlink(self, seconds: float = SUPERLINK_START_SECONDS) -> bool:
+        """Start this simulation's SuperLink unless it is up, with the command Flower's
+        CLI uses for its local SuperLink, and wait up to ``seconds`` for it to answer;
+        ``flwr run`` then finds it running. The CLI itself gives up after 15 s, which a
+        loaded machine exceeds. Returns whether it is up; if not, the CLI tries on its
+        own (and :meth:`launch` again, up to three times)."""
+        if self.superlink_up():
+            return True
+        folder = self.home / "local-superlink"  # where Flower's CLI keeps its own
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [str(self.bin_dir / "flower-superlink"), "--insecure", "--simulation",
+               "--isolation", "subprocess",
+               "--control-api-address", f"127.0.0.1:{self.control_port}",
+               "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-file", str(folder / "superlink.log"),
+               "--log-rotation-interval-hours", "24", "--log-rotation-backup-count", "7",
+               "--database", str(folder / "state.db")]
+        proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and proc.poll() is None:
+            if self.superlink_up():
+                return True
+            time.sleep(0.2)
+        cause = (f"it exited with code {proc.returncode}" if proc.poll() is not None else
+                 f"it did not answer within {seconds:.0f} s")
+        stop_process(proc.pid)
+        log(WARNING, "flower-superlink for %s: %s (log %s); leaving the start to flwr run",
+            self.home, cause, folder / "superlink.log")
+        return False
 
     def superlink_pids(self) -> list[int]:
         """PIDs of the SuperLink serving this simulation's ``FLWR_HOME``."""

@@ -143,3 +143,41 @@ def test_a_run_whose_local_superlink_was_slow_to_start_is_launched_again(
         outcome = cli.launch([], {}, log_path=tmp_path / "run.log", timeout=60)
         assert outcome.status == status
         assert int((tmp_path / "tries").read_text()) == tries
+
+
+# A stand-in for `flower-superlink`: answers /health on --port after a second, or exits.
+FAKE_SUPERLINK = """#!{python}
+import http.server, sys, time
+if "{mode}" == "exit":
+    sys.exit(3)
+time.sleep(1)
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_the_simulation_starts_its_superlink_itself_and_waits_for_it(tmp_path: Path) -> None:
+    """Flower's CLI gives up on its local SuperLink after 15 s; LocalSimulation starts
+    it with the same command, waits for its health endpoint, and stops it on close."""
+    for mode, up in (("serve", True), ("exit", False)):
+        sim = LocalSimulation(tmp_path, tmp_path / f"home-{mode}")
+        sim.bin_dir = tmp_path / f"bin-{mode}"
+        sim.bin_dir.mkdir()
+        fake = sim.bin_dir / "flower-superlink"
+        fake.write_text(FAKE_SUPERLINK.format(python=sys.executable, mode=mode))
+        fake.chmod(0o755)
+        try:
+            assert sim.start_superlink(seconds=30) is up
+            assert sim.superlink_up() is up
+            assert len(sim.superlink_pids()) == int(up)  # found by its FLWR_HOME
+            assert sim.start_superlink(seconds=30) is up  # up: not started twice
+            assert len(sim.superlink_pids()) == int(up)
+        finally:
+            sim.close()
+        assert sim.superlink_pids() == [] and not sim.superlink_up()
