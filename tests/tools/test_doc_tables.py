@@ -26,9 +26,6 @@ NOT_YET_GENERATED = {f"docs/{page}.md" for page in (
 # the benchmark that would write the file. Any other table there is generated or marked.
 BY_HAND_ELSEWHERE = {
     "docs/deployment.md": 1,  # hop latency: benchmarks/hop_latency.py --out
-    "docs/performance.md": 1,  # Flower's no-op floor: measured by hand (issue 16)
-    "docs/strategies/fedgsp.md": 1,  # relay overhead: benchmarks/relay_overhead.py --out
-    "docs/strategies/fesem.md": 1,  # EM core: benchmarks/multicenter.py --out
     "docs/strategies/stocfl.md": 1,  # clustering core: benchmarks/clustering.py --out
 }
 
