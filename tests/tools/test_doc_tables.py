@@ -25,7 +25,6 @@ NOT_YET_GENERATED = {f"docs/{page}.md" for page in (
 # Results tables outside docs/experiments/ that no file holds yet, by page: how many, and
 # the benchmark that would write the file. Any other table there is generated or marked.
 BY_HAND_ELSEWHERE = {
-    "docs/deployment.md": 1,  # hop latency: benchmarks/hop_latency.py --out
     "docs/strategies/stocfl.md": 1,  # clustering core: benchmarks/clustering.py --out
 }
 
