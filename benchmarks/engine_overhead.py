@@ -171,7 +171,8 @@ def main() -> None:
     parser.add_argument("--parts", default="a,b,c,d")
     parser.add_argument("--fork-seconds", type=int, default=10, help="(d) seconds per race")
     parser.add_argument("--nodes", default="10,100,1000", help="(b) simulated nodes")
-    parser.add_argument("--rounds", type=int, default=3, help="(b) rounds per run")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="(b) rounds per run, at least 2")
     parser.add_argument("--repeats", type=int, default=3, help="(a) repeats per workload")
     parser.add_argument("--hops", type=int, default=4, help="(c) hops in the chain")
     parser.add_argument("--polls", default="0.02",
@@ -180,6 +181,8 @@ def main() -> None:
     parser.add_argument("--out", default="", help="also write the JSON here")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
+    if "b" in parts and args.rounds < 2:
+        parser.error("--rounds must be at least 2 for (b): its medians leave out round 1")
     # Terminated, it unwinds like Ctrl-C: the processes it started are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.perf_counter()

@@ -27,6 +27,8 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any, Self
 
+from flwr.cli.constant import CONTROL_API_PROBE_INTERVAL, CONTROL_API_PROBE_TIMEOUT
+from flwr.common.constant import ISOLATION_MODE_SUBPROCESS
 from flwr.common.logger import log
 
 # Ray starts its workers (the simulation's ClientApp actors) at niceness 15: they give
@@ -319,7 +321,7 @@ class LocalSimulation(FlwrCli):
         """Whether this simulation's SuperLink answers on its health endpoint."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health",
-                                        timeout=0.4) as response:
+                                        timeout=CONTROL_API_PROBE_TIMEOUT) as response:
                 return bool(response.status == 200)
         except (urllib.error.URLError, OSError):
             return False
@@ -335,7 +337,7 @@ class LocalSimulation(FlwrCli):
         folder = self.home / "local-superlink"  # where Flower's CLI keeps its own
         folder.mkdir(parents=True, exist_ok=True)
         cmd = [str(self.bin_dir / "flower-superlink"), "--insecure", "--simulation",
-               "--isolation", "subprocess",
+               "--isolation", ISOLATION_MODE_SUBPROCESS,
                "--control-api-address", f"127.0.0.1:{self.control_port}",
                "--host", "127.0.0.1", "--port", str(self.port),
                "--log-file", str(folder / "superlink.log"),
@@ -347,10 +349,11 @@ class LocalSimulation(FlwrCli):
         while time.monotonic() < deadline and proc.poll() is None:
             if self.superlink_up():
                 return True
-            time.sleep(0.2)
+            time.sleep(CONTROL_API_PROBE_INTERVAL)
         cause = (f"it exited with code {proc.returncode}" if proc.poll() is not None else
                  f"it did not answer within {seconds:.0f} s")
-        stop_process(proc.pid)
+        self.close()  # the SuperLink and whatever it started already
+        proc.poll()  # reaped
         log(WARNING, "flower-superlink for %s: %s (log %s); leaving the start to flwr run",
             self.home, cause, folder / "superlink.log")
         return False

@@ -145,11 +145,14 @@ def test_a_run_whose_local_superlink_was_slow_to_start_is_launched_again(
         assert int((tmp_path / "tries").read_text()) == tries
 
 
-# A stand-in for `flower-superlink`: answers /health on --port after a second, or exits.
+# A stand-in for `flower-superlink`: answers /health on --port after a second, exits, or
+# stays silent.
 FAKE_SUPERLINK = """#!{python}
 import http.server, sys, time
 if "{mode}" == "exit":
     sys.exit(3)
+if "{mode}" == "silent":
+    time.sleep(60)
 time.sleep(1)
 port = int(sys.argv[sys.argv.index("--port") + 1])
 class Health(http.server.BaseHTTPRequestHandler):
@@ -165,7 +168,7 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 def test_the_simulation_starts_its_superlink_itself_and_waits_for_it(tmp_path: Path) -> None:
     """Flower's CLI gives up on its local SuperLink after 15 s; LocalSimulation starts
     it with the same command, waits for its health endpoint, and stops it on close."""
-    for mode, up in (("serve", True), ("exit", False)):
+    for mode, up in (("serve", True), ("exit", False), ("silent", False)):
         sim = LocalSimulation(tmp_path, tmp_path / f"home-{mode}")
         sim.bin_dir = tmp_path / f"bin-{mode}"
         sim.bin_dir.mkdir()
@@ -173,10 +176,11 @@ def test_the_simulation_starts_its_superlink_itself_and_waits_for_it(tmp_path: P
         fake.write_text(FAKE_SUPERLINK.format(python=sys.executable, mode=mode))
         fake.chmod(0o755)
         try:
-            assert sim.start_superlink(seconds=30) is up
+            wait = 30 if mode != "silent" else 1
+            assert sim.start_superlink(seconds=wait) is up
             assert sim.superlink_up() is up
-            assert len(sim.superlink_pids()) == int(up)  # found by its FLWR_HOME
-            assert sim.start_superlink(seconds=30) is up  # up: not started twice
+            assert len(sim.superlink_pids()) == int(up)  # found by its FLWR_HOME; else gone
+            assert sim.start_superlink(seconds=wait) is up  # up: not started twice
             assert len(sim.superlink_pids()) == int(up)
         finally:
             sim.close()
