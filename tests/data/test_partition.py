@@ -203,6 +203,29 @@ def test_subsampled_runs_get_their_own_partition_cache(tmp_path) -> None:
     assert len(list((tmp_path / "partitions").glob("*.npz"))) == 3
 
 
+def test_a_process_reads_the_partitions_file_once_until_it_changes(tmp_path,
+                                                                   monkeypatch) -> None:
+    import os
+
+    from fedgsp_flwr.app import datasets
+    from fedgsp_flwr.app.config import RunConfig
+
+    cfg = RunConfig.from_mapping({"dataset": "synthetic", "partition": "iid",
+                                  "data-dir": str(tmp_path)})
+    written = datasets.load_partitions(cfg, 4)
+    reads = []
+    monkeypatch.setattr(datasets, "read_partitions",
+                        lambda path: reads.append(path) or read_partitions(path))
+    for _ in range(3):
+        for a, b in zip(datasets.load_partitions(cfg, 4), written, strict=True):
+            np.testing.assert_array_equal(a.train_idx, b.train_idx)
+    assert len(reads) == 1, "a simulated ClientApp paid the file read on every message"
+    path = datasets.partitions_path(cfg, 4)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    datasets.load_partitions(cfg, 4)
+    assert len(reads) == 2, "a rewritten file is read again"
+
+
 @pytest.mark.parametrize("scheme", ["rotated", "shifted"])
 def test_transform_copies_give_every_group_the_whole_training_set(
     bundle: DataBundle, scheme: str
