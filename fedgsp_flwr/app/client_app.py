@@ -8,7 +8,8 @@ The run config is parsed once per run and process; training settings (``lr``,
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from flwr.app import Context
@@ -57,14 +58,40 @@ def run_config(context: Context) -> RunConfig:
     return cfg
 
 
-@lru_cache(maxsize=16)
-def _cached_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> ClientData:
-    return load_client_data(cfg, partition_id, num_partitions)
+# Bytes of node data one process keeps: a simulated ClientApp's process answers for many
+# nodes (100 nodes over 2 workers: 50 each a round), and materialising a node's arrays
+# again took 2-10 ms a message (benchmarks/client_data.py). MNIST's 60,000 training
+# images are 188 MB as float32.
+DATA_CACHE_BYTES = 256 * 2**20
+
+_DataKey = tuple[RunConfig, int, int]
+_data: OrderedDict[_DataKey, ClientData] = OrderedDict()
+_data_bytes = 0
+_data_lock = threading.Lock()
+
+
+def _nbytes(data: ClientData) -> int:
+    return sum(a.nbytes for a in (data.x_train, data.y_train, data.x_test, data.y_test))
 
 
 def load_data(context: Context) -> ClientData:
-    """Load (once per process and node) the node's partition of the run's dataset."""
-    return _cached_data(run_config(context), *node_partition(context))
+    """Load the node's partition of the run's dataset, once per process while the
+    process's nodes fit in :data:`DATA_CACHE_BYTES` (the least recently used go first;
+    the newest is always kept)."""
+    global _data_bytes
+    key: _DataKey = (run_config(context), *node_partition(context))
+    with _data_lock:
+        if (data := _data.get(key)) is not None:
+            _data.move_to_end(key)
+            return data
+    data = load_client_data(*key)
+    with _data_lock:
+        if key not in _data:
+            _data[key] = data
+            _data_bytes += _nbytes(data)
+        while len(_data) > 1 and _data_bytes > DATA_CACHE_BYTES:
+            _data_bytes -= _nbytes(_data.popitem(last=False)[1])
+    return data
 
 
 def make_model(context: Context, data: ClientData) -> torch.nn.Module:
