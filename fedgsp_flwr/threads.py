@@ -49,7 +49,7 @@ _pools_seen: tuple[int, ThreadpoolController] | None = None
 def _pools() -> ThreadpoolController:
     """The process's BLAS and OpenMP pools, looked up again only when a module was
     imported since the last look: a lookup reads every loaded library (1.4-2.1 ms in a
-    ClientApp's process, paid per message by ``threads_mod``; benchmarks/thread_limit.py).
+    ClientApp's process, paid per message by ``threads_mod``; benchmarks/message_overhead.py).
     """
     global _pools_seen
     modules = len(sys.modules)

@@ -105,7 +105,9 @@ def train(
     taken, total, seen = 0, 0.0, 0
     per_pass = -(-len(y_t) // batch_size)
     with torch.random.fork_rng(devices=[]):  # dropout draws from the global generator
-        torch.manual_seed(seed)
+        # The CPU generator alone: torch.manual_seed also queues a seed for every
+        # accelerator with a stack trace, 1.2 ms a call (benchmarks/message_overhead.py).
+        torch.default_generator.manual_seed(seed)
         for _ in range(epochs if steps == 0 else -(-steps // per_pass)):
             order = torch.randperm(len(y_t), generator=generator)
             if steps == 0:

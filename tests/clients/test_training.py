@@ -45,6 +45,14 @@ def test_dropout_draws_from_the_training_seed_and_leaves_the_global_generator() 
                                                                  DATA.y_test)
 
 
+def test_models_and_training_seed_the_cpu_generator_alone(monkeypatch) -> None:
+    # torch.manual_seed also queues a seed per accelerator with a stack trace: 1.2 ms a
+    # call, twice a message (benchmarks/message_overhead.py)
+    monkeypatch.setattr(torch, "manual_seed", lambda seed: pytest.fail("torch.manual_seed"))
+    model = build_model("mlp-dropout", (5,), 3, seed=0)
+    train(model, DATA.x_train, DATA.y_train, seed=1, epochs=1, lr=0.1, batch_size=16)
+
+
 def test_runs_with_consecutive_seeds_share_no_initial_centre() -> None:
     # IFCA's and FeSEM's "seeds" init: model 0 is the run's model; with seed + k, seed 1's
     # models 0-4 would be seed 0's models 1-5 and the seeds' results would not be independent.
