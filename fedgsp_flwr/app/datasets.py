@@ -112,10 +112,9 @@ def load_partitions(cfg: RunConfig, num_partitions: int) -> list[Partition]:
 
 @lru_cache(maxsize=8)
 def _read_partitions(path: Path, mtime_ns: int) -> tuple[Partition, ...]:
-    """The partitions file at ``path`` as written at ``mtime_ns``, read once per process:
-    a simulated ClientApp's process answers for many nodes, more than the per-node cache
-    of the client app holds, and reading the file took most of a message's data load
-    (benchmarks/client_data.py)."""
+    """The partitions file at ``path`` as written at ``mtime_ns``, read once per process
+    (a simulated ClientApp's process loads the data of many nodes, and each read of the
+    file cost 2-3 ms; benchmarks/client_data.py)."""
     return tuple(read_partitions(path))
 
 
