@@ -98,7 +98,7 @@ def build_model(
     name = resolve_model_name(name, input_shape)
     flat = math.prod(input_shape)
     with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)  # the CPU's alone, as in training.train
+        torch.default_generator.manual_seed(int(seed))  # the CPU's alone, as in train()
         if name == "mlp":
             return nn.Sequential(
                 nn.Flatten(), nn.Linear(flat, 2048), nn.ReLU(), nn.Linear(2048, num_classes)

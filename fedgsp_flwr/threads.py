@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
-from threadpoolctl import ThreadpoolController
+from threadpoolctl import get_cached_controller
 
 from .core._moved import moved
 from .core.parallel import machine_cores
@@ -42,20 +42,6 @@ from .protocol import CONFIG, NUM_THREADS
 
 # Threads of the ServerApp in simulation, where the ClientApps own every core.
 SIMULATION_SERVER_THREADS = 1
-
-_pools_seen: tuple[int, ThreadpoolController] | None = None
-
-
-def _pools() -> ThreadpoolController:
-    """The process's BLAS and OpenMP pools, looked up again only when a module was
-    imported since the last look: a lookup reads every loaded library (1.4-2.1 ms in a
-    ClientApp's process, paid per message by ``threads_mod``; benchmarks/message_overhead.py).
-    """
-    global _pools_seen
-    modules = len(sys.modules)
-    if _pools_seen is None or _pools_seen[0] != modules:
-        _pools_seen = (modules, ThreadpoolController())
-    return _pools_seen[1]
 
 
 @contextmanager
@@ -75,7 +61,10 @@ def thread_limit(threads: int | None) -> Iterator[None]:
     if not hasattr(torch, "set_num_threads"):  # absent, or being imported by another thread
         torch = None
     before = torch.get_num_threads() if torch is not None else None
-    with _pools().limit(limits=threads):
+    # threadpoolctl's controller, found again only when a module was imported since:
+    # finding the pools reads every loaded library, 2 ms a message in a ClientApp's
+    # process (benchmarks/message_overhead.py).
+    with get_cached_controller().limit(limits=threads):
         if torch is not None:
             torch.set_num_threads(threads)
         try:

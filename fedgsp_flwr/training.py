@@ -100,14 +100,14 @@ def train(
     buffers = [torch.empty_like(a) for a in anchor]
     optimizer = SGD(list(model.parameters()), lr=lr, momentum=momentum)
     criterion = nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(int(seed))
     model.train()
     taken, total, seen = 0, 0.0, 0
     per_pass = -(-len(y_t) // batch_size)
     with torch.random.fork_rng(devices=[]):  # dropout draws from the global generator
         # The CPU generator alone: torch.manual_seed also queues a seed for every
-        # accelerator with a stack trace, 1.2 ms a call (benchmarks/message_overhead.py).
-        torch.default_generator.manual_seed(seed)
+        # accelerator with a stack trace, 1.4 ms a call (benchmarks/message_overhead.py).
+        torch.default_generator.manual_seed(int(seed))
         for _ in range(epochs if steps == 0 else -(-steps // per_pass)):
             order = torch.randperm(len(y_t), generator=generator)
             if steps == 0:

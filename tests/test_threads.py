@@ -137,16 +137,18 @@ def test_thread_limit_sets_blas_and_torch_and_restores_them() -> None:
         assert torch.get_num_threads() == torch_before
 
 
-def test_the_pools_are_looked_up_again_only_after_an_import(monkeypatch) -> None:
-    from fedgsp_flwr import threads
+def test_the_pools_are_looked_up_once_not_per_block(monkeypatch) -> None:
+    import threadpoolctl
 
-    with thread_limit(2):
-        seen = threads._pools()
-    assert threads._pools() is seen, "a lookup per block costs 1.4 ms a message"
-    monkeypatch.setitem(sys.modules, "a_module_that_loads_blas", types.ModuleType("m"))
-    assert threads._pools() is not seen
-    with thread_limit(3):
-        assert blas_threads() == 3
+    found = []
+    real = threadpoolctl.ThreadpoolController
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController",
+                        lambda: found.append(1) or real())
+    threadpoolctl.reset_cached_controller()
+    for threads in (2, 3, 1):
+        with thread_limit(threads):
+            pass
+    assert len(found) == 1, "a lookup per block costs 2 ms a message"
 
 
 def context(node_config: dict | None = None) -> Context:

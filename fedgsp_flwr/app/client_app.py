@@ -8,6 +8,7 @@ The run config is parsed once per run and process; training settings (``lr``,
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -58,11 +59,12 @@ def run_config(context: Context) -> RunConfig:
     return cfg
 
 
-# Bytes of node data one process keeps: a simulated ClientApp's process answers for many
-# nodes (100 nodes over 2 workers: 50 each a round), and materialising a node's arrays
-# again took 2-10 ms a message (benchmarks/client_data.py). MNIST's 60,000 training
-# images are 188 MB as float32.
+# Bytes of node data one process keeps unless $FEDGSP_DATA_CACHE_MB says otherwise: a
+# simulated ClientApp's process answers for many nodes (100 nodes over 2 workers: 50
+# each a round), and building a node's arrays again cost 3.5 ms a message (median;
+# benchmarks/client_data.py). MNIST's 60,000 training images are 188 MB as float32.
 DATA_CACHE_BYTES = 256 * 2**20
+DATA_CACHE_ENV = "FEDGSP_DATA_CACHE_MB"
 
 _DataKey = tuple[RunConfig, int, int]
 _data: OrderedDict[_DataKey, ClientData] = OrderedDict()
@@ -74,9 +76,31 @@ def _nbytes(data: ClientData) -> int:
     return sum(a.nbytes for a in (data.x_train, data.y_train, data.x_test, data.y_test))
 
 
+def data_cache_bytes() -> int:
+    """The bytes of node data a process keeps: ``$FEDGSP_DATA_CACHE_MB`` megabytes, else
+    :data:`DATA_CACHE_BYTES` (each simulation worker keeps its own).
+
+    Raises
+    ------
+    ValueError
+        If ``FEDGSP_DATA_CACHE_MB`` is not a number >= 0.
+    """
+    raw = os.environ.get(DATA_CACHE_ENV)
+    if raw is None:
+        return DATA_CACHE_BYTES
+    try:
+        megabytes = float(raw)
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes >= 0:
+        raise ValueError(f"{DATA_CACHE_ENV} must be a number of megabytes >= 0 (0 keeps "
+                         f"one node's data), got {raw!r}")
+    return int(megabytes * 2**20)
+
+
 def load_data(context: Context) -> ClientData:
     """Load the node's partition of the run's dataset, once per process while the
-    process's nodes fit in :data:`DATA_CACHE_BYTES` (the least recently used go first;
+    process's nodes fit in :func:`data_cache_bytes` (the least recently used go first;
     the newest is always kept)."""
     global _data_bytes
     key: _DataKey = (run_config(context), *node_partition(context))
@@ -84,12 +108,13 @@ def load_data(context: Context) -> ClientData:
         if (data := _data.get(key)) is not None:
             _data.move_to_end(key)
             return data
+    budget = data_cache_bytes()
     data = load_client_data(*key)
     with _data_lock:
         if key not in _data:
             _data[key] = data
             _data_bytes += _nbytes(data)
-        while len(_data) > 1 and _data_bytes > DATA_CACHE_BYTES:
+        while len(_data) > 1 and _data_bytes > budget:
             _data_bytes -= _nbytes(_data.popitem(last=False)[1])
     return data
 

@@ -103,18 +103,23 @@ def load_partitions(cfg: RunConfig, num_partitions: int) -> list[Partition]:
     avoids re-partitioning (and importing ``datasets``) every time.
     """
     path = partitions_path(cfg, num_partitions)
-    if path.exists():
-        return list(_read_partitions(path, path.stat().st_mtime_ns))
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        pass
+    else:
+        return list(_read_partitions(path, stat.st_mtime_ns, stat.st_size, stat.st_ino))
     parts = partition_dataset(bundle_for(cfg, num_partitions), partition_spec(cfg, num_partitions))
     save_partitions(parts, path)
     return parts
 
 
 @lru_cache(maxsize=8)
-def _read_partitions(path: Path, mtime_ns: int) -> tuple[Partition, ...]:
-    """The partitions file at ``path`` as written at ``mtime_ns``, read once per process
-    (a simulated ClientApp's process loads the data of many nodes, and each read of the
-    file cost 2-3 ms; benchmarks/client_data.py)."""
+def _read_partitions(path: Path, mtime_ns: int, size: int, inode: int
+                     ) -> tuple[Partition, ...]:
+    """The partitions file at ``path`` as it is now (its time, size and inode), read
+    once per process: a simulated ClientApp's process loads the data of many nodes, and
+    each read of the file cost 2-3 ms (benchmarks/client_data.py)."""
     return tuple(read_partitions(path))
 
 

@@ -6,6 +6,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+import pytest
 from flwr.app import Context, RecordDict
 
 from fedgsp_flwr.app import client_app
@@ -19,6 +20,8 @@ def node(partition: int, data_dir: Path) -> Context:
 
 
 def test_a_process_keeps_the_nodes_data_that_fit_its_budget(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(client_app, "_PARSED", {})
+    monkeypatch.delenv(client_app.DATA_CACHE_ENV, raising=False)
     cfg = client_app.run_config(node(0, tmp_path))
     sizes = [client_app._nbytes(client_app.load_client_data(cfg, p, 4)) for p in range(3)]
     monkeypatch.setattr(client_app, "DATA_CACHE_BYTES", sizes[0] + max(sizes[1:]))
@@ -31,7 +34,16 @@ def test_a_process_keeps_the_nodes_data_that_fit_its_budget(tmp_path, monkeypatc
     again = client_app.load_data(node(1, tmp_path))
     assert again is not first[1]
     np.testing.assert_array_equal(again.x_train, first[1].x_train)
-    monkeypatch.setattr(client_app, "DATA_CACHE_BYTES", 0)
+    monkeypatch.setenv(client_app.DATA_CACHE_ENV, "0")
     newest = client_app.load_data(node(3, tmp_path))
     assert [d is newest for d in client_app._data.values()] == [True], "the newest is kept"
     assert client_app._data_bytes == client_app._nbytes(newest)
+
+
+def test_a_bad_cache_size_in_the_environment_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv(client_app.DATA_CACHE_ENV, "512")
+    assert client_app.data_cache_bytes() == 512 * 2**20
+    for bad in ("-1", "lots", "nan"):
+        monkeypatch.setenv(client_app.DATA_CACHE_ENV, bad)
+        with pytest.raises(ValueError, match="FEDGSP_DATA_CACHE_MB must be a number"):
+            client_app.data_cache_bytes()

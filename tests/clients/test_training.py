@@ -49,8 +49,9 @@ def test_models_and_training_seed_the_cpu_generator_alone(monkeypatch) -> None:
     # torch.manual_seed also queues a seed per accelerator with a stack trace: 1.2 ms a
     # call, twice a message (benchmarks/message_overhead.py)
     monkeypatch.setattr(torch, "manual_seed", lambda seed: pytest.fail("torch.manual_seed"))
-    model = build_model("mlp-dropout", (5,), 3, seed=0)
-    train(model, DATA.x_train, DATA.y_train, seed=1, epochs=1, lr=0.1, batch_size=16)
+    model = build_model("mlp-dropout", (5,), 3, seed=np.int64(0))  # numpy seeds too
+    train(model, DATA.x_train, DATA.y_train, seed=np.int64(1), epochs=1, lr=0.1,
+          batch_size=16)
 
 
 def test_runs_with_consecutive_seeds_share_no_initial_centre() -> None:
