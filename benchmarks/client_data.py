@@ -7,7 +7,7 @@ nodes, in a different order every round.
 One process plays one of ``--workers`` simulation workers over ``--rounds`` rounds of
 ``--nodes`` nodes (one class per node, as in the Semi-FL and HierFL experiments): each
 round it loads the data of a random share of the nodes, in random order, the same
-sequence for every variant. Medians in milliseconds per message of:
+sequence for every variant. The median and the mean milliseconds per message of:
 
 - ``read-partitions``: reading the run's partitions file alone;
 - ``load-up-to-0.7.0``: the client app's data load up to 0.7.0: 16 nodes kept
@@ -16,9 +16,9 @@ sequence for every variant. Medians in milliseconds per message of:
 - ``load-now``: :func:`fedgsp_flwr.app.client_app.load_data` (nodes kept within
   ``DATA_CACHE_BYTES``, the partitions file read once per process);
 
-and the mean per message of the last two (misses are rare and costly, so the median
-alone hides them), with their ratio (same process: it holds on a loaded machine).
-``--out`` also writes them.
+and the ratio of the last two's means (misses are rare and costly, so the median alone
+hides them; same process, so the ratio holds on a loaded machine). ``--out`` also
+writes them.
 """
 
 from __future__ import annotations
