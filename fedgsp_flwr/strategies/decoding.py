@@ -14,7 +14,7 @@ value is used:
    is refused before anything is parsed);
 4. the ``.npy`` header parses and states the declared dtype and shape, and the data
    after it is exactly the declared number of bytes;
-5. float values are finite.
+5. float values are finite and within +-:data:`MAX_ABS_VALUE`.
 
 The decoded values are kept with the ``Array`` (:func:`values`), so that a model is
 decoded once on the server: its check and its aggregation read the same values, and
@@ -35,6 +35,11 @@ NUMPY_STYPE = "numpy.ndarray"
 # np.save writes 128 bytes for any model array. Longer preambles are refused unparsed.
 MAX_HEADER_BYTES = 10_000
 _VALUES = "_fedgsp_decoded"  # where the checked values sit in the Array's __dict__
+# No trained weight, sketch or measurement comes near 2**62 (4.6e18). Below it, what the
+# server computes from a reply stays finite: the value cast to float32 (FeSEM, FL+HC,
+# CFL, StoCFL's sketches), the square of a difference of two values (FedAdam, FedYogi,
+# FedAdagrad in float32), a weighted sum over any federation (weights <= 1e9).
+MAX_ABS_VALUE = 2.0 ** 62
 
 
 class ArrayRefused(ValueError):
@@ -63,7 +68,7 @@ def decode_array(
     kinds : str | None
         Allowed dtype kinds (numpy's ``dtype.kind`` letters, e.g. ``"iuf"``).
     finite : bool (default: True)
-        Refuse NaN and inf in float arrays.
+        Refuse NaN, inf and values beyond +-:data:`MAX_ABS_VALUE` in float arrays.
 
     Returns
     -------
@@ -112,8 +117,18 @@ def decode_array(
 
 
 def _check_finite(values: np.ndarray, name: str) -> None:
-    if values.dtype.kind in "fc" and not np.isfinite(values).all():
+    if values.dtype.kind not in "fc" or not values.size:
+        return
+    # min and max carry NaN through, so a sound float array is read twice, not three times.
+    if (values.dtype.kind == "f"
+            and -MAX_ABS_VALUE <= values.min() and values.max() <= MAX_ABS_VALUE):
+        return
+    if not np.isfinite(values).all():
         raise ArrayRefused(f"{name} has NaN or inf values")
+    if values.dtype.kind == "f":
+        raise ArrayRefused(f"{name} has values beyond +-{MAX_ABS_VALUE:.3g} (largest "
+                           f"magnitude {float(np.abs(values).max()):.3g}): no model "
+                           "holds such values")
 
 
 def _check_expected(got_shape: tuple[int, ...], got_dtype: np.dtype, name: str,

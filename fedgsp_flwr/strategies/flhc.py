@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -132,7 +132,8 @@ class FLHC(ClusteredRound):
         exchanged = self.exchange(server_round, grid, plan, self.train_messages(
             ((node, records[key]) for node, key in plan),
             ConfigRecord({**dict(config), SERVER_ROUND: server_round})),
-            self.train_problem(lambda key: records[key]))
+            self.update_problem(records, clustering=not self.models
+                                and self.rounds_run > self.warmup_rounds))
         sound = exchanged.screened.sound
         metrics: dict[str, Any] = {"sampled": len(sampled), **exchanged.traffic()}
         trained = [(n, key, r) for n, key, r in sound if key != PLACE]
@@ -166,6 +167,25 @@ class FLHC(ClusteredRound):
         if not self.models:
             return GLOBAL
         return self.cluster_of.get(node, PLACE)
+
+    def update_problem(self, records: Mapping[int, ArrayRecord], clustering: bool
+                       ) -> Callable[[int, Message], str | None]:
+        """The exchange's check of a training reply (``records``: the model each plan key
+        sent); with the cosine metric, an update that is to be clustered or placed must
+        not be zero, which has no cosine distance."""
+        sound = self.train_problem(lambda key: records[key])
+        if self.metric != "cosine":
+            return sound
+
+        def problem(key: int, reply: Message) -> str | None:
+            found = sound(key, reply)
+            if found is None and (key == PLACE or (key == GLOBAL and clustering)):
+                fitted = record_arrays(next(iter(reply.content.array_records.values())))
+                if not flat_update(fitted, record_arrays(records[key])).any():
+                    return ("its update is zero (the model it was sent, unchanged), which "
+                            "has no cosine distance")
+            return found
+        return problem
 
     def weight(self, reply: Message) -> float:
         """A reply's weight (``weighted_by_key``, checked by the exchange)."""

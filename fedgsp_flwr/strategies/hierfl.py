@@ -127,6 +127,7 @@ class HierFL(ServerSideRound):
              "policy 'original' needs a topology with an original assignment")])
         self.rng = np.random.default_rng(self.seed)
         self.edge_models: dict[int, ArrayRecord] = {}
+        self._unplaceable: set[int] = set()  # nodes a topology file cannot place (logged)
 
     def registry(self) -> NodeRegistry:
         """Class histograms, partition ids and the edges each user reaches."""
@@ -143,6 +144,20 @@ class HierFL(ServerSideRound):
         super().summary()
 
     # --- assignment -------------------------------------------------------------------
+
+    def placeable(self, nodes: list[int]) -> list[int]:
+        """The nodes a topology file can place: those with a partition id it covers (all
+        nodes without a file). The others sit out, each logged once unless its query
+        reply was refused (that refusal was logged)."""
+        if self.topology is None:
+            return nodes
+        width = self.topology.reach.shape[1]
+        ok = [u for u in nodes if 0 <= self.known.partition_ids.get(u, -1) < width]
+        for u in sorted(set(nodes) - set(ok) - self._unplaceable - set(self.known.without)):
+            log(WARNING, "HierFL: node %d reported no partition-id in [0, %d); the topology "
+                "file places users by partition id, so it sits out", u, width)
+        self._unplaceable.update(set(nodes) - set(ok))
+        return ok
 
     def problem_for(self, users: list[int]) -> tuple[AssignmentProblem, np.ndarray | None]:
         """The assignment problem over ``users`` (node ids) and their original edges."""
@@ -216,7 +231,7 @@ class HierFL(ServerSideRound):
                     grid: Grid, timeout: float) -> TrainResult:
         """Run the cloud round's ``tau2`` edge rounds, then average the edges' models."""
         started = time.monotonic()
-        users = self.reachable_nodes(grid)
+        users = self.placeable(self.reachable_nodes(grid))
         self.warn_size.unfilled(self.num_edges, "edge", len(users), "user",
                            "num_edges (run config hierfl-edges)")
         if set(users) != set(self.edge_of):

@@ -253,17 +253,21 @@ def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
     """Ask nodes for their partition id with ``query.partition`` (no data is shared).
 
     The parameters are those of :func:`query_histograms` but ``num_classes``; the
-    result holds partition ids and, for the other nodes, why they have none. A refused
-    claim (see :func:`partition_problems`) is logged, naming the node.
+    result holds partition ids and, for the other nodes, why they have none. Each node
+    whose reply holds no usable partition id is logged, named, with the reason (a refused
+    claim: see :func:`partition_problems`); error replies are the caller's to count.
     """
     out = HistogramReplies()
     claims: dict[int, int] = {}
     for node, reply in _ask(grid, node_ids, QUERY_PARTITION, timeout, hooks, out):
         if (partition := reported_partition(reply)) is not None:
             claims[node] = partition
+        elif reply.has_error():  # counted by the caller, as are the nodes that never answer
+            out.failed[node] = f"error reply: {error_text(reply.error.reason)}"
         else:
-            out.failed[node] = (f"error reply: {error_text(reply.error.reason)}"
-                                if reply.has_error() else "no integer partition-id in the reply")
+            out.failed[node] = "no integer partition-id in the reply"
+            log(WARNING, "query.partition: no partition id from node %d: %s", node,
+                out.failed[node])
     refused = partition_problems(claims, held or {}, num_partitions)
     for node, partition in claims.items():
         if node in refused:

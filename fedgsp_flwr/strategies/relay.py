@@ -281,12 +281,16 @@ def _hop_from_reply(chain: _Chain, reply: Message, now: float, weighted_by_key: 
     latency = now - chain.sent_at
     problem = reply_problem(reply, reference=chain.result.arrays,
                             weighted_by_key=weighted_by_key, require_arrays=True)
+    examples = None if problem else reply_metrics(reply.content)[weighted_by_key]
+    if isinstance(examples, float) and not examples.is_integer():
+        # The chain's final model is averaged by whole example counts.
+        problem = (f"metric '{weighted_by_key}' must be a whole number of examples, got "
+                   f"{examples!r}")
     if problem is not None:
         status = (HOP_LOST if unreachable(reply) else
                   HOP_ERROR if reply.has_error() else HOP_REJECTED)
         return Hop(node, position, status, problem, latency, chain.bytes_sent)
     trained = next(iter(reply.content.array_records.values()))
-    metrics = reply_metrics(reply.content)
     chain.result.arrays = trained
     return Hop(node, position, HOP_OK, "", latency, chain.bytes_sent, trained.count_bytes(),
-               int(metrics[weighted_by_key]), metrics)  # type: ignore[arg-type]  # checked
+               int(examples), reply_metrics(reply.content))  # type: ignore[arg-type]  # checked

@@ -15,7 +15,7 @@ from logging import WARNING
 from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
-from .decoding import ArrayRefused, decode_like
+from .decoding import MAX_ABS_VALUE, ArrayRefused, decode_like
 from .metrics import reply_metrics
 
 # A reply's weight (its examples) above this is absurd and would swamp an average.
@@ -87,6 +87,8 @@ def reply_problem(
         values = value if isinstance(value, list) else [value]
         if not all(math.isfinite(v) for v in values):
             return f"metric '{key}' is not finite: {value!r}"
+        if not all(abs(v) <= MAX_ABS_VALUE for v in values):
+            return f"metric '{key}' is beyond +-{MAX_ABS_VALUE:.3g}: {value!r}"
     if require_arrays:
         if len(content.array_records) != 1:
             return f"expected one ArrayRecord, got {len(content.array_records)}"

@@ -2,7 +2,7 @@
 :class:`SketchRegistry`, what StoCFL knows of its nodes from them.
 
 A sketch counts only when it decodes to one finite vector of the expected length with a
-non-zero norm, and its reply's ``partition-id`` claim holds
+non-zero norm as float32, and its reply's ``partition-id`` claim holds
 (:func:`~fedgsp_flwr.strategies.node_queries.agreed_vectors`).
 """
 
@@ -74,6 +74,15 @@ def sketch_length(anchor: ArrayRecord | None, sketch_dim: int, known: int | None
                if np.dtype(a.dtype).kind == "f" and not k.endswith(BUFFER_SUFFIXES))
 
 
+def sketch_problem(vector: np.ndarray) -> str | None:
+    """Why a decoded sketch cannot be clustered, or ``None``. The clustering keeps
+    sketches as float32, so the check is of the float32 values: a float64 sketch of
+    tiny values would be all zeros there."""
+    if not np.linalg.norm(vector.astype(np.float32).astype(np.float64)) > 0:
+        return "sketch has zero norm (as float32)" if vector.any() else "sketch has zero norm"
+    return None
+
+
 def query_sketches(grid: Grid, messages: Sequence[Message], size: int | None,
                    hooks: HookSupport, timeout: float, node_of: Mapping[int, int],
                    num_partitions: int | None) -> SketchReplies:
@@ -95,9 +104,8 @@ def query_sketches(grid: Grid, messages: Sequence[Message], size: int | None,
         problem = (f"no reply within {timeout:g}s" if reply is None
                    else vector_problem(reply, SKETCH, size))
         if problem is None and reply is not None:
-            if not np.linalg.norm(reply_vector(reply, SKETCH).astype(np.float64)) > 0:
-                problem = "sketch has zero norm"
-            else:
+            problem = sketch_problem(reply_vector(reply, SKETCH))
+            if problem is None:
                 sound[node] = reply
         if problem is not None:
             out.problems[node] = problem

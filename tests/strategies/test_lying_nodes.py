@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from test_hostile_input import FEW, flwr_warnings
 
 import fedgsp_flwr.strategies as exported
+from fedgsp_flwr.core.edge_assignment import Topology
 from fedgsp_flwr.strategies.exchange import Exchange
 from fedgsp_flwr.strategies.node_queries import query_histograms, query_partitions
 from fedgsp_flwr.strategies.node_registry import NodeRegistry
@@ -167,7 +168,7 @@ def sound_nodes() -> dict[int, Callable[[Message], Message]]:
 # --- the lies ---------------------------------------------------------------------------
 
 LIE_KINDS = ["garbage", "one-element", "transposed", "float64-bytes", "int8-bytes",
-             "non-finite", "torch-stype", "trailing-bytes", "huge-array"]
+             "non-finite", "beyond-range", "torch-stype", "trailing-bytes", "huge-array"]
 MB = 2**20
 
 
@@ -230,6 +231,16 @@ def lies(draw: st.DrawFn, kind: str) -> Lie:
             values.reshape(-1)[where % values.size] = special
             return Array(values)  # declaration and bytes agree
         return non_finite
+    if kind == "beyond-range":  # finite, but its square or float32 cast overflows
+        sign = draw(st.sampled_from([1.0, -1.0]))
+        where = draw(st.integers(0, 10**6))
+
+        def beyond_range(like: Array) -> Array:
+            values = like.numpy().astype(np.float32 if like.numpy().dtype.kind != "f"
+                                         else like.numpy().dtype)
+            values.reshape(-1)[where % values.size] = sign * np.finfo(values.dtype).max / 2
+            return Array(values)
+        return beyond_range
     if kind == "torch-stype":
         return lambda like: declared(like, npy(like.numpy()), stype="torch.Tensor")
     if kind == "trailing-bytes":
@@ -508,6 +519,17 @@ def test_a_lying_histogram_is_refused_like_an_error_reply(
 def test_a_lying_sketch_is_refused_like_an_error_reply(
         name: str, kind: str, data: st.DataObject) -> None:
     assert_a_lie_refused(name, "sketch", kind, data)
+
+
+def test_a_sketch_that_is_zero_as_float32_is_refused_like_an_error_reply() -> None:
+    """StoCFL clusters float32 sketches: a float64 one of tiny values is zero there."""
+    def tiny(reply: Message) -> Message:
+        sketch = reply.content.array_records["sketch"]["sketch"].numpy()
+        content = RecordDict(dict(reply.content.items()))
+        content["sketch"] = ArrayRecord({"sketch": Array(np.full(sketch.shape, 1e-50))})
+        return Message(content, reply_to=request_of(reply))
+    got = run("StoCFL", {**sound_nodes(), BAD: liar("sketch", tiny)})
+    assert_refused_like_an_error("StoCFL", "sketch", got)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -868,4 +890,69 @@ def test_a_reply_from_a_node_not_asked_is_ignored(name: str, fresh_id: bool,
     got = run(name, grid=grid)
     assert any(r.metadata.src_node_id == FORGER for r in grid.delivered)
     assert_same_result(got, clean_run(name))
+    assert_model_shaped_and_finite(got)
+
+
+# --- lies that are sound bytes: what the strategy then computes must not fail ----------
+
+def with_metric(key: str, value: float) -> Callable[[Message], Message]:
+    """Rewrites a reply's ``key`` metric to ``value``."""
+    def rewrite(reply: Message) -> Message:
+        reply.content["metrics"][key] = value
+        return reply
+    return rewrite
+
+
+@pytest.mark.parametrize("name", ["FedGSP", "RelayStrategy"])
+def test_a_fractional_example_count_in_a_relay_is_refused_like_an_error_reply(
+        name: str) -> None:
+    """A hop's weight is its whole number of examples (int(0.5) is 0, and a one-node
+    group's chain of weight 0 made the round's average fail)."""
+    got = run(name, {**sound_nodes(), BAD: liar("train", with_metric("num-examples", 0.5))})
+    assert_refused_like_an_error(name, "train", got)
+
+
+@pytest.mark.parametrize("name", PARTITION_STRATEGIES)
+def test_a_partition_reply_without_an_integer_id_is_refused_naming_the_node(
+        name: str) -> None:
+    got = run(name, {**sound_nodes(), BAD: liar("partition", with_metric("partition-id", 1.5))},
+              setup=federation_of(len(PARTITIONS)))
+    assert BAD not in got.strategy.known.partition_ids
+    assert len(naming(got.warnings, BAD)) == 1, got.warnings
+    assert_same_result(got, partition_refused_run(name))
+
+
+def test_flhc_refuses_a_zero_update_where_cosine_distances_are_taken() -> None:
+    """The liar returns the model it was sent: under the cosine metric its update has no
+    distance, so its clustering reply is refused (it crashed the round) and the others
+    cluster."""
+    sound = sound_node(PARTITIONS[BAD])
+
+    def unchanged(message: Message) -> Message:
+        if not STAGES["train"](message.metadata.message_type):
+            return sound(message)
+        sent = message.content["arrays"]
+        return metrics_reply(message, {"num-examples": 10}, arrays=ArrayRecord(
+            {k: Array(a.numpy().copy()) for k, a in sent.items()}))
+
+    def cosine(strategy: Strategy) -> None:
+        strategy.metric, strategy.linkage = "cosine", "average"  # type: ignore[attr-defined]
+    got = run("FLHC", {**sound_nodes(), BAD: unchanged}, setup=cosine)
+    assert [line for line in naming(got.warnings, BAD) if "update is zero" in line], got.warnings
+    assert BAD not in got.strategy.cluster_of  # type: ignore[attr-defined]
+    assert len(got.strategy.cluster_of) == len(PARTITIONS) - 1  # type: ignore[attr-defined]
+    assert_model_shaped_and_finite(got)
+
+
+def test_hierfl_with_a_topology_file_leaves_out_a_node_it_cannot_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topology file places users by partition id: the liar, whose histogram reply is
+    refused, has none; it sits out (the round crashed), named once."""
+    topology = Topology(reach=np.ones((2, len(PARTITIONS)), dtype=bool))
+    monkeypatch.setitem(BUILD, "HierFL-topology", lambda: exported.HierFL(
+        **SERVER_SIDE, seed=0, num_edges=2, topology=topology))
+    got = run("HierFL-topology", {**sound_nodes(), BAD: liar("histogram", None)})
+    assert BAD not in got.strategy.edge_of  # type: ignore[attr-defined]
+    assert len(got.strategy.edge_of) == len(PARTITIONS) - 1  # type: ignore[attr-defined]
+    assert len(naming(got.warnings, BAD)) == 1, got.warnings
     assert_model_shaped_and_finite(got)

@@ -55,6 +55,10 @@ BAD = {
     "negative-weight": (reply(2, n=-5), "must be a number in (0, 1e+09]"),
     "zero-weight": (reply(2, n=0), "must be a number in (0, 1e+09]"),
     "nan-metric": (reply(2, extra={"train-acc": float("nan")}), "'train-acc' is not finite"),
+    # finite, but weighted sums of them overflow (inf in the round's metrics)
+    "huge-metric": (reply(2, extra={"train-loss": 1e308}), "'train-loss' is beyond"),
+    # finite, but squares of them overflow float32 (FedYogi's model turns NaN)
+    "huge-values": (reply(2, 1e38), "array 'w' has values beyond"),
 }
 
 
