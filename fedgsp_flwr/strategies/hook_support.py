@@ -1,6 +1,6 @@
 """Hook support: which of our message types the nodes' ClientApp handles.
 
-:class:`HookSupport` learns it from at most one failed message per type and run;
+:class:`HookSupport` learns it from at most two failed messages per type and run;
 :func:`missing_handler` tells such a failure from other error replies.
 """
 
@@ -38,14 +38,17 @@ def missing_handler(reply: Message | None) -> bool:
 
 
 class HookSupport:
-    """Which of our message types the nodes' ClientApp handles, learnt from at most one
-    failed message per type and run.
+    """Which of our message types the nodes' ClientApp handles, learnt from at most two
+    failed messages per type and run.
 
-    The first message of a type not yet answered goes alone; if the ClientApp has no
-    handler for it, the other messages of that type are not sent (their replies are
-    that same error) and one WARNING names the handler, the strategy's fallback and
-    the lines that add our hooks. A ClientApp without a handler then logs one
-    traceback per run, not one per node.
+    The first message of a type not yet answered goes alone; if its node answers that
+    the ClientApp has no handler for it, a second node's message goes alone too, so
+    that one node cannot switch a hook off for all. If that node has no handler either
+    (or there is no second message), the other messages of that type are not sent
+    (their replies are that same error) and one WARNING names the handler, the
+    strategy's fallback and the lines that add our hooks: a ClientApp without a handler
+    logs two tracebacks per run, not one per node. If the second node has the handler,
+    the first node's answer is that node's alone (its caller refuses it, naming it).
 
     Parameters
     ----------
@@ -63,6 +66,7 @@ class HookSupport:
         self.owner, self.fallbacks, self.level = owner, dict(fallbacks), level
         self.present: set[str] = set(BASIC_TYPES)
         self.missing: dict[str, Message] = {}  # message type -> the ClientApp's error
+        self.last_sent: list[int] = []  # positions of the messages the last collect sent
 
     def state(self) -> dict[str, Any]:
         """What the run learnt of the ClientApp's handlers, JSON-able, for checkpoints.
@@ -110,24 +114,50 @@ class HookSupport:
             kind = message.metadata.message_type
             if kind not in self.present and kind not in self.missing:
                 probes.setdefault(kind, i)
+        doubted: dict[str, int] = {}  # types whose probe said "no handler"
         if probes:
             answers = collect_reply_list(grid, [messages[i] for i in probes.values()],
                                          timeout, poll_interval)
             for (kind, i), reply in zip(probes.items(), answers, strict=True):
                 replies[i] = reply
                 if missing_handler(reply):
-                    self._mark_missing(kind, cast(Message, reply))
+                    doubted[kind] = i
                 elif reply is not None and not reply.has_error():
                     self.present.add(kind)
-        rest = [i for i, m in enumerate(messages) if i not in probes.values()
+        seconds = self._confirm(grid, messages, doubted, replies, timeout, poll_interval)
+        sent = set(probes.values()) | set(seconds)
+        rest = [i for i, m in enumerate(messages) if i not in sent
                 and m.metadata.message_type not in self.missing]
         for i, reply in zip(rest, collect_reply_list(grid, [messages[i] for i in rest],
                                                      timeout, poll_interval), strict=True):
             replies[i] = reply
+        self.last_sent = sorted(sent | set(rest))
         for i, message in enumerate(messages):
             if replies[i] is None and message.metadata.message_type in self.missing:
                 replies[i] = self.missing_reply(message)
         return replies
+
+    def _confirm(self, grid: Grid, messages: Sequence[Message], doubted: Mapping[str, int],
+                 replies: list[Message | None], timeout: float, poll_interval: float
+                 ) -> list[int]:
+        """Ask a second node of each ``doubted`` type (its probe's node said the ClientApp
+        has no handler) and mark the type missing unless that node has one; the
+        replies go into ``replies``. Returns the second messages' positions."""
+        second = {kind: j for kind, i in doubted.items()
+                  if (j := next((j for j, m in enumerate(messages) if j != i
+                                 and m.metadata.message_type == kind), None)) is not None}
+        answers = collect_reply_list(grid, [messages[j] for j in second.values()],
+                                     timeout, poll_interval) if second else []
+        checked = dict(zip(second, answers, strict=True))
+        for kind, j in second.items():
+            replies[j] = checked[kind]
+        for kind, i in doubted.items():
+            other = checked.get(kind)
+            if other is not None and not other.has_error():
+                self.present.add(kind)  # the first node's reply is its own (the caller's)
+            else:
+                self._mark_missing(kind, cast(Message, replies[i]))
+        return list(second.values())
 
     def missing_reply(self, message: Message) -> Message:
         """The error reply of a message of a missing type, as if its node had answered."""

@@ -103,7 +103,7 @@ class HookedTrain(ServerSideRound):
 
     def send_hooked(self, grid: Grid, messages: Sequence[Message], plain_type: str
                     ) -> tuple[list[Message], list[Message | None], list[Message]]:
-        """Send the messages (a hook type probed with one message first), then send
+        """Send the messages (a hook type probed first, see :class:`HookSupport`), then send
         again, as ``plain_type``, those a node answered without a handler for.
 
         Returns
@@ -114,16 +114,8 @@ class HookedTrain(ServerSideRound):
         """
         if not messages:
             return [], [], []
-        known_missing = set(self.hooks.missing)
         replies = self.hooks.collect(grid, messages, self.reply_timeout)
-        pushed, probed = [], set()
-        for message in messages:  # of a type found missing now, only the probe left
-            kind = message.metadata.message_type
-            if kind in self.hooks.missing and kind not in known_missing:
-                if kind in probed:
-                    continue
-                probed.add(kind)
-            pushed.append(message)
+        pushed = [messages[i] for i in self.hooks.last_sent]
         final = list(messages)
         redo = [i for i, reply in enumerate(replies) if missing_handler(reply)]
         for i in redo:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -242,7 +242,8 @@ def query_histograms(
         if isinstance(cluster, int) and cluster >= 0:
             out.cluster_ids[node] = cluster
     for node, reason in out.failed.items():
-        if MISSING_HANDLER_TEXT not in reason or hooks is None:  # HookSupport warned
+        if MISSING_HANDLER_TEXT not in reason or hooks is None or hooks.has(QUERY_HISTOGRAM):
+            # (else HookSupport warned: no node has the handler)
             log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
     return out
 
@@ -253,9 +254,9 @@ def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
     """Ask nodes for their partition id with ``query.partition`` (no data is shared).
 
     The parameters are those of :func:`query_histograms` but ``num_classes``; the
-    result holds partition ids and, for the other nodes, why they have none. Each node
-    whose reply holds no usable partition id is logged, named, with the reason (a refused
-    claim: see :func:`partition_problems`); error replies are the caller's to count.
+    result holds partition ids and, for the other nodes, why they have none. A claim
+    refused (not an integer, or see :func:`partition_problems`) is logged, naming the
+    node; error replies and replies without a claim are the caller's to count.
     """
     out = HistogramReplies()
     claims: dict[int, int] = {}
@@ -264,9 +265,12 @@ def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
             claims[node] = partition
         elif reply.has_error():  # counted by the caller, as are the nodes that never answer
             out.failed[node] = f"error reply: {error_text(reply.error.reason)}"
+        elif (claim := reply.content.metric_records.get(METRICS, MetricRecord()).get(
+                PARTITION_ID)) is None:  # a node without a partition id (a deployment's)
+            out.failed[node] = "no partition-id in the reply"
         else:
-            out.failed[node] = "no integer partition-id in the reply"
-            log(WARNING, "query.partition: no partition id from node %d: %s", node,
+            out.failed[node] = f"partition-id {claim!r} is not an integer"
+            log(WARNING, "query.partition: refused the partition id of node %d: %s", node,
                 out.failed[node])
     refused = partition_problems(claims, held or {}, num_partitions)
     for node, partition in claims.items():

@@ -24,7 +24,7 @@ STRATEGIES = ("fedavg", "fedprox", "fedgsp", "semifl", "hierfl", "stocfl", "fese
 ASKS = {"fedgsp": ("query.histogram",), "semifl": ("query.histogram",),
         "hierfl": ("query.histogram",), "fesem": ("query.partition",),
         "stocfl": ("query.partition", "query.sketch")}
-# The FedAvg family asks each node its partition id (its sampling order): one probe,
+# The FedAvg family asks each node its partition id (its sampling order): two probes,
 # an INFO line and Flower's node-id order in a plain app.
 PROBES = {"fedavg": ("query.partition",), "fedprox": ("query.partition",)}
 RUN = {"train-examples": 6000, "lr": 0.02, "num-server-rounds": 3}
@@ -63,15 +63,16 @@ def test_every_strategy_with_defaults_drops_into_the_quickstart_app(
         # the central accuracy by 0.03 in one launch, 0.34 in another.
         if name not in ("fedgsp", "semifl", "fesem"):
             assert accuracy[-1] > accuracy[0] + 0.05, (name, accuracy)
-        # One warning per run for a missing hook (and one failed query), none per node.
+        # One warning per run for a missing hook (and two failed queries), none per node.
         expected = [f"{row['strategy']}: the nodes' ClientApp has no '{query}' handler"
                     for query in ASKS.get(name, ())]
         assert [w.split(": ", 1)[1] for w in row["missing-hook-warnings"]] == [
             e.split(": ", 1)[1] for e in expected], (name, row)
-    # The engine logs one traceback per failed message: one per hook a strategy asks for.
+    # The engine logs one traceback per failed message: two per hook a strategy asks for
+    # (the probe and a second node's, which confirms it).
     log = (tmp_path / "run.log").read_text()
     failed = log.count("An exception was raised when processing a message")
-    assert failed == sum(map(len, ASKS.values())) + sum(map(len, PROBES.values()))
+    assert failed == 2 * (sum(map(len, ASKS.values())) + sum(map(len, PROBES.values())))
 
 
 def test_the_same_app_with_our_hooks_groups_by_icg_and_clusters_by_sketches(

@@ -480,5 +480,5 @@ def test_defaults_train_a_plain_quickstart_app(caplog: pytest.LogCaptureFixture)
                               first["fc.weight"].numpy())
     missing = [r for r in caplog.records if "has no 'query.partition'" in r.getMessage()]
     assert len(missing) == 1
-    assert [k for _, _, k, _ in grid.pushed].count("query.partition") == 1
+    assert [k for _, _, k, _ in grid.pushed].count("query.partition") == 2
     assert list(strategy.group_models()) == [ROOT]

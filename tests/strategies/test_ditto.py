@@ -165,7 +165,7 @@ def test_evaluation_scores_the_personal_models_of_the_nodes_that_trained() -> No
     assert last["eval-personal-model"] == pytest.approx(len(trained) / NODES)
 
 
-def test_a_plain_app_runs_fedavg_with_one_probe_and_one_warning(
+def test_a_plain_app_runs_fedavg_with_two_probes_and_one_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     def grid() -> FakeGrid:
         return plain_clientapp.plain_grid(NODES)
@@ -178,8 +178,8 @@ def test_a_plain_app_runs_fedavg_with_one_probe_and_one_warning(
     expected = run_rounds(fedavg, grid(), first, 3, lr=0.5)
     assert same(result.arrays, expected.arrays)
     kinds = [k for _, _, k, _ in plain.pushed]
-    assert kinds.count("train.ditto") == 1 and "evaluate.ditto" not in kinds
-    assert kinds.count("query.partition") == 1  # FedAvg's sampling order: one probe
+    assert kinds.count("train.ditto") == 2 and "evaluate.ditto" not in kinds
+    assert kinds.count("query.partition") == 2  # FedAvg's sampling order: two probes
     assert kinds.count("train") == 3 * NODES and kinds.count("evaluate") == 3 * NODES
     warnings = [r.getMessage() for r in caplog.records if "Ditto" in r.getMessage()]
     assert len(warnings) == 1
@@ -191,7 +191,7 @@ def test_a_plain_app_runs_fedavg_with_one_probe_and_one_warning(
         assert entry["eval-personal-clients"] == 0 and entry["train-rejected"] == 0
         assert entry["eval_acc"] == entry["eval_acc-global"] == fedavg.history[r]["eval_acc"]
         assert entry["train_loss"] == fedavg.history[r]["train_loss"]
-    assert strategy.history[1]["bytes-sent"] == 7 * first.count_bytes()  # probe + 6
+    assert strategy.history[1]["bytes-sent"] == 8 * first.count_bytes()  # 2 probes + 6
 
 
 def test_in_a_mixed_federation_only_the_plain_nodes_take_the_fallback(
@@ -226,7 +226,7 @@ def test_a_plain_evaluate_handler_alone_scores_w_and_warns_once(
     with caplog.at_level(logging.WARNING, logger="flwr"):
         start(strategy, federation, 2)
     kinds = [k for _, _, k, _ in federation.grid.pushed]
-    assert kinds.count("evaluate.ditto") == 1 and kinds.count("train.ditto") == 2 * NODES
+    assert kinds.count("evaluate.ditto") == 2 and kinds.count("train.ditto") == 2 * NODES
     assert all(federation.personal(n) is not None for n in range(NODES))
     assert sum("no 'evaluate.ditto'" in r.getMessage() for r in caplog.records) == 1
     last = strategy.history[2]

@@ -79,13 +79,13 @@ def test_each_node_is_asked_its_partition_once_per_run() -> None:
     assert strategy.node_partitions() == {n: p for p, n in enumerate(FIRST)}
 
 
-def test_a_plain_app_is_sampled_as_flower_does_after_one_probe_and_one_info_line(
+def test_a_plain_app_is_sampled_as_flower_does_after_two_probes_and_one_info_line(
         caplog: pytest.LogCaptureFixture) -> None:
     seen: list[tuple[str, int]] = []
     random.seed(3)
     with caplog.at_level(logging.INFO, logger="flwr"):
         run_rounds(FedAvg(fraction_train=0.25), launch(FIRST, seen, False), INITIAL, 2)
-    assert [kind for kind, _ in seen].count("query.partition") == 1
+    assert [kind for kind, _ in seen].count("query.partition") == 2
     lines = [r for r in caplog.records if "no 'query.partition' handler" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO
     assert "node-id order" in lines[0].getMessage()

@@ -227,7 +227,7 @@ def test_plain_nodes_choose_by_their_evaluate_loss_and_train_with_plain_messages
         assert trains[0].content["arrays"]["head"].numpy().tolist() == HEADS[int(
             np.argmin(losses))]
     start(strategy, grid, rounds=2)
-    assert [kind for _, _, kind, _ in grid.pushed].count("train.ifca") == 1  # one probe
+    assert [kind for _, _, kind, _ in grid.pushed].count("train.ifca") == 2  # two probes
     missing = [r.getMessage() for r in caplog.records if "has no 'train.ifca'" in r.getMessage()]
     assert len(missing) == 1 and "plain 'evaluate'" in missing[0]
     last = strategy.history[2]
@@ -472,7 +472,7 @@ def test_defaults_train_a_plain_quickstart_shaped_app() -> None:
     assert not all(np.array_equal(result.arrays[k].numpy(), start_model[k].numpy())
                    for k in start_model)
     pushed = [kind for _, _, kind, _ in grid.pushed]
-    assert pushed.count("train.ifca") == 1 and pushed.count("query.partition") == 1
+    assert pushed.count("train.ifca") == 2 and pushed.count("query.partition") == 2
 
 
 @pytest.mark.parametrize(("choice", "losses", "expected"), [

@@ -1,4 +1,4 @@
-"""Our hooks on the nodes: learnt from at most one failed message per type and run."""
+"""Our hooks on the nodes: learnt from at most two failed messages per type and run."""
 
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ def messages(kind: str, nodes: range) -> list[Message]:
     return [Message(RecordDict(), dst_node_id=n, message_type=kind) for n in nodes]
 
 
-def test_a_missing_hook_costs_one_message_and_one_warning_per_run(
+def test_a_missing_hook_costs_two_messages_and_one_warning_per_run(
         caplog: pytest.LogCaptureFixture) -> None:
     grid = FakeGrid({n: node("train") for n in range(5)})
     hooks = HookSupport("Demo", {"query.x": "it does without"})
     with caplog.at_level(logging.WARNING, logger="flwr"):
         replies = hooks.collect(grid, messages("query.x", range(5)), timeout=5)
         again = hooks.collect(grid, messages("query.x", range(5)), timeout=5)
-    assert len(grid.pushed) == 1, "only the probe goes out"
+    assert len(grid.pushed) == 2, "only the probe and its confirmation go out"
     assert all(missing_handler(r) for r in replies + again)
     assert [r.metadata.src_node_id for r in replies] == list(range(5))
     assert not hooks.has("query.x")
@@ -57,6 +57,17 @@ def test_a_present_hook_is_probed_once_then_sent_to_all() -> None:
     assert all(r is not None and not r.has_error() for r in replies)
     assert next(t for _, _, t, _ in grid.pushed) == "query.x", "the probe goes first"
     assert hooks.has("query.x") and "query.x" in hooks.present
+
+
+def test_one_node_cannot_switch_a_hook_off_for_all() -> None:
+    """The probe's node says the ClientApp has no handler (a lie, or a node of another
+    app): a second node has it, so every node is asked and only the first is without."""
+    grid = FakeGrid({0: node("train"), **{n: node("train", "query.x") for n in range(1, 4)}})
+    hooks = HookSupport("Demo", {})
+    replies = hooks.collect(grid, messages("query.x", range(4)), timeout=5)
+    assert [missing_handler(r) for r in replies] == [True, False, False, False]
+    assert hooks.has("query.x") and "query.x" in hooks.present
+    assert [node for _, node, _, _ in grid.pushed] == [0, 1, 2, 3]
 
 
 def test_nodes_without_the_hook_among_nodes_with_it_are_answered_one_by_one() -> None:

@@ -54,7 +54,7 @@ QUERY = {"fedgsp": ("query.histogram",), "semifl": ("query.histogram",),
          "stocfl": ("query.partition", "query.sketch"),
          "ifca": ("query.partition", "train.ifca"), "cfl": ("query.partition",),
          "ditto": ("train.ditto",), "flhc": ("query.partition",)}
-# Flower's sampling asks for partition ids (one probe); a plain app keeps Flower's own
+# Flower's sampling asks for partition ids (a probe and its confirmation); a plain app keeps Flower's own
 # node-id order, which loses nothing, so an INFO line says so and no warning.
 SAMPLING = ("fedavg", "fedprox", "ditto")
 
@@ -123,19 +123,20 @@ def test_every_strategy_with_defaults_trains_a_plain_quickstart_app(
         assert all("relay-hop" in config for config in trains)
     if name == "hierfl":
         assert {config["edge-round"] for config in trains} == {0, 1}
-    # Missing hooks cost one message and one warning per run, not one per node.
+    # A missing hook costs two messages (the probe, and a second node's to confirm it)
+    # and one warning per run, not one per node.
     pushed = [kind for _, _, kind, _ in grid.pushed]
     missing = [r.getMessage() for r in caplog.records if "ClientApp has no '" in r.getMessage()]
     if name in QUERY:
         assert len(missing) == len(QUERY[name])
         for query, warning in zip(QUERY[name], missing, strict=True):
-            assert pushed.count(query) == 1
+            assert pushed.count(query) == 2
             assert query in warning and "register_hooks(app" in warning
     else:
         assert not missing
     queries = [kind for kind in pushed if kind.startswith("query")]
-    assert queries == [q for q in QUERY.get(name, ()) if q.startswith("query")] + (
-        ["query.partition"] if name in SAMPLING else [])
+    assert queries == [q for q in QUERY.get(name, ()) if q.startswith("query")
+                       for _ in range(2)] + (["query.partition"] * 2 if name in SAMPLING else [])
     assert not any("no histogram from node" in r.getMessage() for r in caplog.records)
     # Cluster, centre, edge and group models, with their members, for saving.
     models = strategy.group_models()
@@ -198,7 +199,7 @@ def test_stocfl_without_a_bilevel_handler_trains_both_models_with_plain_messages
     with caplog.at_level(logging.WARNING, logger="flwr"):
         run(strategy, grid)
     pushed = [kind for _, _, kind, _ in grid.pushed]
-    assert pushed.count("train.bilevel") == 1, "one probe, then plain train messages"
+    assert pushed.count("train.bilevel") == 2, "two probes, then plain train messages"
     assert sum("has no 'train.bilevel'" in r.getMessage() for r in caplog.records) == 1
     trains = [config for kind, config in seen if kind == "train"]
     assert len(trains) == 2 * 2 * NODES  # two rounds, a cluster and a global training each

@@ -97,7 +97,7 @@ def test_fedmmd_with_weight_zero_is_fedavg_and_with_a_weight_its_own() -> None:
         assert strategy.history[r]["train-rejected"] == 0
 
 
-def test_fedmmd_on_a_plain_app_is_fedavg_after_one_probe_and_one_warning(
+def test_fedmmd_on_a_plain_app_is_fedavg_after_two_probes_and_one_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     first = ArrayRecord(plain_clientapp.Net().state_dict())
     grid = plain_federation()
@@ -106,7 +106,7 @@ def test_fedmmd_on_a_plain_app_is_fedavg_after_one_probe_and_one_warning(
         result = run_rounds(strategy, grid, first, 2, lr=0.5)
     expected = run_rounds(FedAvg(), plain_federation(), first, 2, lr=0.5)
     assert same(result.arrays, expected.arrays)
-    assert kinds(grid).count("train.fedmmd") == 1
+    assert kinds(grid).count("train.fedmmd") == 2  # the probe and its confirmation
     warnings = [r.getMessage() for r in caplog.records if "FedMMD" in r.getMessage()]
     assert len(warnings) == 1 and "reduces to FedAvg" in warnings[0]
     assert strategy.history[2]["mmd-clients"] == 0
@@ -192,7 +192,7 @@ def test_a_model_fedfusion_cannot_cut_trains_as_fedavg(
     assert list(result.arrays.keys()) == list(first.keys())
     assert strategy.history[2]["train-replies"] == NODES
     assert strategy.history[2]["fusion-clients"] == 0
-    assert kinds(grid).count("train.fedfusion") == 1  # the probe only
+    assert kinds(grid).count("train.fedfusion") == 2  # the probes only
     warnings = [r.getMessage() for r in caplog.records if "FedFusion" in r.getMessage()]
     assert len(warnings) == 1 and "torch.nn.Sequential model; got Net" in warnings[0]
 
@@ -215,7 +215,7 @@ def test_an_app_with_its_own_evaluate_scores_the_model_it_can_load(
     entry = strategy.history[2]
     assert entry["fusion-clients"] == NODES and entry["eval-rejected"] == 0
     assert entry["eval-replies"] == NODES and "eval_acc" in entry
-    assert kinds(grid).count("evaluate.fedfusion") == 1  # the probe only
+    assert kinds(grid).count("evaluate.fedfusion") == 2  # the probes only
     assert all(not any(k.startswith("fusion.") for k in m.content["arrays"])
                for _, m in pushed(grid, "evaluate"))
     warnings = [r.getMessage() for r in caplog.records if "evaluate.fedfusion" in r.getMessage()]
