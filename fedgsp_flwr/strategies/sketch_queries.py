@@ -78,7 +78,7 @@ def sketch_problem(vector: np.ndarray) -> str | None:
     """Why a decoded sketch cannot be clustered, or ``None``. The clustering keeps
     sketches as float32, so the check is of the float32 values: a float64 sketch of
     tiny values would be all zeros there."""
-    if not np.linalg.norm(vector.astype(np.float32).astype(np.float64)) > 0:
+    if not np.linalg.norm(vector.astype(np.float32, copy=False).astype(np.float64)) > 0:
         return "sketch has zero norm (as float32)" if vector.any() else "sketch has zero norm"
     return None
 
