@@ -181,9 +181,10 @@ class FLHC(ClusteredRound):
             found = sound(key, reply)
             if found is None and (key == PLACE or (key == GLOBAL and clustering)):
                 fitted = record_arrays(next(iter(reply.content.array_records.values())))
-                if not flat_update(fitted, record_arrays(records[key])).any():
-                    return ("its update is zero (the model it was sent, unchanged), which "
-                            "has no cosine distance")
+                update = flat_update(fitted, record_arrays(records[key]))
+                if not np.linalg.norm(update) > 0:  # as core.flhc: a tiny float64 one too
+                    return ("its update has zero norm (the model it was sent, returned "
+                            "unchanged?), which has no cosine distance")
             return found
         return problem
 

@@ -157,6 +157,10 @@ class HierFL(ServerSideRound):
             log(WARNING, "HierFL: node %d reported no partition-id in [0, %d); the topology "
                 "file places users by partition id, so it sits out", u, width)
         self._unplaceable.update(set(nodes) - set(ok))
+        if nodes and not ok:
+            raise ValueError("HierFL: a topology file needs the nodes to report a "
+                             f"partition-id in [0, {width}); none of the {len(nodes)} did "
+                             "(set partition-id in each SuperNode's node config)")
         return ok
 
     def problem_for(self, users: list[int]) -> tuple[AssignmentProblem, np.ndarray | None]:

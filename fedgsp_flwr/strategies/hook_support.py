@@ -42,13 +42,13 @@ class HookSupport:
     failed messages per type and run.
 
     The first message of a type not yet answered goes alone; if its node answers that
-    the ClientApp has no handler for it, a second node's message goes alone too, so
-    that one node cannot switch a hook off for all. If that node has no handler either
-    (or there is no second message), the other messages of that type are not sent
-    (their replies are that same error) and one WARNING names the handler, the
-    strategy's fallback and the lines that add our hooks: a ClientApp without a handler
-    logs two tracebacks per run, not one per node. If the second node has the handler,
-    the first node's answer is that node's alone (its caller refuses it, naming it).
+    the ClientApp has no handler for it, a message to another node goes alone too (in
+    the same call, or the next that has one), so that one node cannot switch a hook off
+    for all. Once two nodes say so, the other messages of that type are not sent (their
+    replies are that same error) and one WARNING names the handler, the strategy's
+    fallback and the lines that add our hooks: a ClientApp without a handler logs two
+    tracebacks per run, not one per node. If the second node has the handler, the first
+    node's answer is that node's alone (its caller refuses it, naming it).
 
     Parameters
     ----------
@@ -67,6 +67,9 @@ class HookSupport:
         self.present: set[str] = set(BASIC_TYPES)
         self.missing: dict[str, Message] = {}  # message type -> the ClientApp's error
         self.last_sent: list[int] = []  # positions of the messages the last collect sent
+        # Type -> the node that said its ClientApp lacks it, until another node confirms
+        # (not in checkpoints: a resumed run asks again).
+        self.doubted: dict[str, int] = {}
 
     def state(self) -> dict[str, Any]:
         """What the run learnt of the ClientApp's handlers, JSON-able, for checkpoints.
@@ -95,12 +98,15 @@ class HookSupport:
 
     def collect(self, grid: Grid, messages: Sequence[Message], timeout: float,
                 poll_interval: float = 0.02) -> list[Message | None]:
-        """:func:`collect_reply_list`, a type not yet answered probed with one message.
+        """:func:`collect_reply_list`, a type not yet answered probed first.
 
-        The other messages wait for the probe's reply; if the probe's node is silent,
-        they are sent when its ``timeout`` ends and get a ``timeout`` of their own (so
-        the call can take up to twice ``timeout``, and the type is probed again next
-        time).
+        A type neither known present nor missing goes first with one message alone; if
+        its node says the ClientApp has no handler, a message to another node goes alone
+        next (or, with none here, in a later call): the type is missing once two nodes
+        say so. The other messages wait for the probes' replies; a probe whose node is
+        silent or fails otherwise decides nothing, and the others are sent when its
+        ``timeout`` ends, with a ``timeout`` of their own (so the call can take up to
+        three times ``timeout``).
 
         Returns
         -------
@@ -109,23 +115,19 @@ class HookSupport:
             a missing type; ``None`` where none came in time).
         """
         replies: list[Message | None] = [None] * len(messages)
-        probes: dict[str, int] = {}
-        for i, message in enumerate(messages):
-            kind = message.metadata.message_type
-            if kind not in self.present and kind not in self.missing:
-                probes.setdefault(kind, i)
-        doubted: dict[str, int] = {}  # types whose probe said "no handler"
-        if probes:
+        sent: set[int] = set()
+        undecided: set[str] = set()  # probed in this call without an answer that decides
+        for _ in range(2):  # a probe, then another node's where the first said "none"
+            probes = self._probes(messages, sent, undecided)
+            if not probes:
+                break
             answers = collect_reply_list(grid, [messages[i] for i in probes.values()],
                                          timeout, poll_interval)
+            sent.update(probes.values())
             for (kind, i), reply in zip(probes.items(), answers, strict=True):
                 replies[i] = reply
-                if missing_handler(reply):
-                    doubted[kind] = i
-                elif reply is not None and not reply.has_error():
-                    self.present.add(kind)
-        seconds = self._confirm(grid, messages, doubted, replies, timeout, poll_interval)
-        sent = set(probes.values()) | set(seconds)
+                if not self._learn(kind, messages[i].metadata.dst_node_id, reply):
+                    undecided.add(kind)
         rest = [i for i, m in enumerate(messages) if i not in sent
                 and m.metadata.message_type not in self.missing]
         for i, reply in zip(rest, collect_reply_list(grid, [messages[i] for i in rest],
@@ -133,31 +135,38 @@ class HookSupport:
             replies[i] = reply
         self.last_sent = sorted(sent | set(rest))
         for i, message in enumerate(messages):
-            if replies[i] is None and message.metadata.message_type in self.missing:
+            if i not in self.last_sent and message.metadata.message_type in self.missing:
                 replies[i] = self.missing_reply(message)
         return replies
 
-    def _confirm(self, grid: Grid, messages: Sequence[Message], doubted: Mapping[str, int],
-                 replies: list[Message | None], timeout: float, poll_interval: float
-                 ) -> list[int]:
-        """Ask a second node of each ``doubted`` type (its probe's node said the ClientApp
-        has no handler) and mark the type missing unless that node has one; the
-        replies go into ``replies``. Returns the second messages' positions."""
-        second = {kind: j for kind, i in doubted.items()
-                  if (j := next((j for j, m in enumerate(messages) if j != i
-                                 and m.metadata.message_type == kind), None)) is not None}
-        answers = collect_reply_list(grid, [messages[j] for j in second.values()],
-                                     timeout, poll_interval) if second else []
-        checked = dict(zip(second, answers, strict=True))
-        for kind, j in second.items():
-            replies[j] = checked[kind]
-        for kind, i in doubted.items():
-            other = checked.get(kind)
-            if other is not None and not other.has_error():
-                self.present.add(kind)  # the first node's reply is its own (the caller's)
-            else:
-                self._mark_missing(kind, cast(Message, replies[i]))
-        return list(second.values())
+    def _probes(self, messages: Sequence[Message], sent: set[int], undecided: set[str]
+                ) -> dict[str, int]:
+        """Per type still to learn: the first message not sent yet to a node other than
+        the one that said its ClientApp has no handler."""
+        probes: dict[str, int] = {}
+        for i, message in enumerate(messages):
+            kind = message.metadata.message_type
+            if (i not in sent and kind not in probes and kind not in undecided
+                    and kind not in self.present and kind not in self.missing
+                    and message.metadata.dst_node_id != self.doubted.get(kind)):
+                probes[kind] = i
+        return probes
+
+    def _learn(self, kind: str, node: int, reply: Message | None) -> bool:
+        """Take a probe's reply from ``node``; whether it settled what this call can
+        learn of ``kind`` (``False``: silent, or an error that says nothing of it)."""
+        if reply is not None and not reply.has_error():
+            self.present.add(kind)
+            self.doubted.pop(kind, None)  # that node's reply was its own
+            return True
+        if not missing_handler(reply):
+            return False
+        if self.doubted.get(kind, node) != node:
+            self._mark_missing(kind, cast(Message, reply))  # two nodes say so
+            del self.doubted[kind]
+        else:
+            self.doubted[kind] = node
+        return True
 
     def missing_reply(self, message: Message) -> Message:
         """The error reply of a message of a missing type, as if its node had answered."""

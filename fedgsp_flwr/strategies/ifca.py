@@ -232,13 +232,8 @@ class IFCA(ClusteredRound):
         messages = [Message(RecordDict({**{ifca_model_record(j): m for j, m in
                                            enumerate(self.models)}, CONFIG: config}),
                             dst_node_id=node, message_type=TRAIN_IFCA) for node in hooked]
-        known_missing = not self.hooks.has(TRAIN_IFCA)
         replies = self.hooks.collect(grid, messages, self.reply_timeout)
-        # Of the messages HookSupport answered with the missing handler's error, only
-        # the probe (the first) left, unless the handler was known missing before.
-        out.sent([m for i, (m, r) in enumerate(zip(messages, replies, strict=True))
-                  if not missing_handler(r) or not known_missing and (
-                      self.hooks.has(TRAIN_IFCA) or i == 0)], replies)
+        out.sent([messages[i] for i in self.hooks.last_sent], replies)
         self.known.forget_unanswered(zip(hooked, replies, strict=True))
         answered: list[tuple[int, Message | None]] = []
         for node, reply in zip(hooked, replies, strict=True):

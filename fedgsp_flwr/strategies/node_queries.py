@@ -208,7 +208,7 @@ def query_histograms(
     num_classes : int | None
         Expected histogram length (``None``: the length most sound replies have).
     hooks : HookSupport | None
-        Sends the queries (one probe first, see :class:`HookSupport`); ``None`` asks
+        Sends the queries (probes first, see :class:`HookSupport`); ``None`` asks
         every node at once.
     held : Mapping[int, int] | None
         Partitions that known nodes hold (partition id -> node id): a new node that
@@ -242,10 +242,17 @@ def query_histograms(
         if isinstance(cluster, int) and cluster >= 0:
             out.cluster_ids[node] = cluster
     for node, reason in out.failed.items():
-        if MISSING_HANDLER_TEXT not in reason or hooks is None or hooks.has(QUERY_HISTOGRAM):
-            # (else HookSupport warned: no node has the handler)
+        if not lacks_handler(reason, hooks, QUERY_HISTOGRAM):
             log(WARNING, "query.histogram: no histogram from node %d: %s", node, reason)
     return out
+
+
+def lacks_handler(reason: str, hooks: HookSupport | None, message_type: str) -> bool:
+    """Whether ``reason`` is the missing handler's error of a ClientApp that, as far as
+    ``hooks`` knows, no node has the handler of (then :class:`HookSupport` warns once
+    for all nodes, or will when a second node confirms it)."""
+    return (MISSING_HANDLER_TEXT in reason and hooks is not None
+            and message_type not in hooks.present)
 
 
 def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
@@ -265,6 +272,10 @@ def query_partitions(grid: Grid, node_ids: Sequence[int], timeout: float,
             claims[node] = partition
         elif reply.has_error():  # counted by the caller, as are the nodes that never answer
             out.failed[node] = f"error reply: {error_text(reply.error.reason)}"
+            if MISSING_HANDLER_TEXT in out.failed[node] and not lacks_handler(
+                    out.failed[node], hooks, QUERY_PARTITION):
+                log(WARNING, "query.partition: node %d has no handler where other nodes "
+                    "have one: %s", node, out.failed[node])
         elif (claim := reply.content.metric_records.get(METRICS, MetricRecord()).get(
                 PARTITION_ID)) is None:  # a node without a partition id (a deployment's)
             out.failed[node] = "no partition-id in the reply"

@@ -938,7 +938,8 @@ def test_flhc_refuses_a_zero_update_where_cosine_distances_are_taken() -> None:
     def cosine(strategy: Strategy) -> None:
         strategy.metric, strategy.linkage = "cosine", "average"  # type: ignore[attr-defined]
     got = run("FLHC", {**sound_nodes(), BAD: unchanged}, setup=cosine)
-    assert [line for line in naming(got.warnings, BAD) if "update is zero" in line], got.warnings
+    assert len([line for line in naming(got.warnings, BAD) if "zero norm" in line]) == 1, (
+        got.warnings)
     assert BAD not in got.strategy.cluster_of  # type: ignore[attr-defined]
     assert len(got.strategy.cluster_of) == len(PARTITIONS) - 1  # type: ignore[attr-defined]
     assert_model_shaped_and_finite(got)
@@ -947,12 +948,42 @@ def test_flhc_refuses_a_zero_update_where_cosine_distances_are_taken() -> None:
 def test_hierfl_with_a_topology_file_leaves_out_a_node_it_cannot_place(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A topology file places users by partition id: the liar, whose histogram reply is
-    refused, has none; it sits out (the round crashed), named once."""
+    refused or holds no partition id, has none; it sits out (the round crashed), named
+    once."""
     topology = Topology(reach=np.ones((2, len(PARTITIONS)), dtype=bool))
     monkeypatch.setitem(BUILD, "HierFL-topology", lambda: exported.HierFL(
         **SERVER_SIDE, seed=0, num_edges=2, topology=topology))
-    got = run("HierFL-topology", {**sound_nodes(), BAD: liar("histogram", None)})
-    assert BAD not in got.strategy.edge_of  # type: ignore[attr-defined]
-    assert len(got.strategy.edge_of) == len(PARTITIONS) - 1  # type: ignore[attr-defined]
-    assert len(naming(got.warnings, BAD)) == 1, got.warnings
+    def no_id(reply: Message) -> Message:
+        del reply.content["metrics"]["partition-id"]
+        return reply
+
+    for bad in (liar("histogram", None), liar("histogram", no_id)):
+        got = run("HierFL-topology", {**sound_nodes(), BAD: bad})
+        assert BAD not in got.strategy.edge_of  # type: ignore[attr-defined]
+        assert len(got.strategy.edge_of) == len(PARTITIONS) - 1  # type: ignore[attr-defined]
+        assert len(naming(got.warnings, BAD)) == 1, got.warnings
+        assert_model_shaped_and_finite(got)
+    with pytest.raises(ValueError, match="none of the 4 did"):  # a setting to fix, no lie
+        run("HierFL-topology", {n: liar("histogram", no_id, p) for n, p in PARTITIONS.items()})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_node_cannot_switch_a_hook_off_for_the_federation(name: str) -> None:
+    """The first node asked says its ClientApp has none of our handlers (the error
+    Flower's ClientApp gives): a second node has them, so no strategy falls back for
+    every node, and the liar is named."""
+    sound = sound_node(PARTITIONS[BAD])
+
+    def forged_missing(message: Message) -> Message:
+        kind = message.metadata.message_type
+        if kind in ("train", "evaluate"):
+            return sound(message)
+        category, _, action = kind.partition(".")
+        return Message(Error(code=REFUSED.code, reason=f"ValueError: No {category} "
+                             f"function registered with name '{action}'"), reply_to=message)
+    first = {BAD: forged_missing, **{n: h for n, h in sound_nodes().items() if n != BAD}}
+    got = run(name, first)
+    assert not [line for line in got.warnings if "the nodes' ClientApp has no" in line], (
+        got.warnings)
+    assert naming(got.warnings, BAD), got.warnings
     assert_model_shaped_and_finite(got)

@@ -70,6 +70,35 @@ def test_one_node_cannot_switch_a_hook_off_for_all() -> None:
     assert [node for _, node, _, _ in grid.pushed] == [0, 1, 2, 3]
 
 
+def crashing(message: Message) -> Message:
+    raise RuntimeError("a handler that fails")
+
+
+@pytest.mark.parametrize("second", ["silent", "crashing"])
+def test_a_second_node_that_says_nothing_of_its_handler_switches_nothing_off(
+        second: str) -> None:
+    handlers = {n: node("train", "query.x") for n in range(4)}
+    handlers[0] = node("train")  # says the ClientApp has no handler
+    handlers[1] = (lambda _message: None) if second == "silent" else crashing
+    hooks = HookSupport("Demo", {})
+    replies = hooks.collect(FakeGrid(handlers), messages("query.x", range(4)), timeout=0.5)
+    assert hooks.has("query.x")
+    assert missing_handler(replies[0]) and not missing_handler(replies[1])
+    assert all(r is not None and not r.has_error() for r in replies[2:])
+
+
+def test_one_message_at_a_time_a_hook_is_missing_once_two_nodes_say_so() -> None:
+    grid = FakeGrid({n: node("train") for n in range(3)})
+    hooks = HookSupport("Demo", {})
+    hooks.collect(grid, messages("query.x", range(1)), timeout=5)
+    assert hooks.has("query.x"), "one node's word"
+    hooks.collect(grid, messages("query.x", range(1)), timeout=5)
+    assert hooks.has("query.x"), "the same node again"
+    hooks.collect(grid, messages("query.x", range(1, 2)), timeout=5)
+    assert not hooks.has("query.x")
+    assert len(grid.pushed) == 3
+
+
 def test_nodes_without_the_hook_among_nodes_with_it_are_answered_one_by_one() -> None:
     grid = FakeGrid({0: node("train", "query.x"), 1: node("train"), 2: node("train", "query.x")})
     hooks = HookSupport("Demo", {})
