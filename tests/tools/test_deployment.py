@@ -202,7 +202,7 @@ def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
         secure_federation: LocalFederation, runs: Runs) -> None:
     """Flower's quickstart app (tests/quickstart), our strategies at default arguments
     (but evaluation), on the three secure SuperNodes: both train, and a missing hook costs
-    one message each.
+    two messages each (the probe, and another node's that confirms it).
     """
     with pytest.raises(RuntimeError, match="already running"):
         secure_federation.start()
@@ -222,4 +222,4 @@ def test_the_quickstart_app_takes_fedgsp_and_stocfl_defaults_on_real_supernodes(
         for query, warning in zip(queries, row["missing-hook-warnings"], strict=True):
             assert query in warning, row
             assert sum(received_in_run(log, outcome.run_id, query)
-                       for log in node_logs) == 1, query
+                       for log in node_logs) == 2, query
