@@ -133,9 +133,10 @@ class HookSupport:
         for i, reply in zip(rest, collect_reply_list(grid, [messages[i] for i in rest],
                                                      timeout, poll_interval), strict=True):
             replies[i] = reply
-        self.last_sent = sorted(sent | set(rest))
+        sent.update(rest)
+        self.last_sent = sorted(sent)
         for i, message in enumerate(messages):
-            if i not in self.last_sent and message.metadata.message_type in self.missing:
+            if i not in sent and message.metadata.message_type in self.missing:
                 replies[i] = self.missing_reply(message)
         return replies
 
